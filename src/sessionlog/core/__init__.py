@@ -1,0 +1,1 @@
+"""The contract: framing, canonical JSON and digests, reducer, state, planner, errors."""

@@ -1,0 +1,127 @@
+"""The error hierarchy. Every error sessionlog raises on purpose is a `SessionLogError`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+# The reducer's error codes, exactly as in the contract's expected-state schema.
+CODES = (
+    "INVALID_UTF8",
+    "MISSING_HEADER",
+    "INVALID_HEADER",
+    "UNSUPPORTED_VERSION",
+    "BLANK_LINE",
+    "CRLF_NOT_ALLOWED",
+    "MALFORMED_JSON",
+    "EMPTY_TRANSACTION",
+    "INVALID_FACT",
+    "SEQ_MISMATCH",
+    "DUPLICATE_ID",
+    "INVALID_REFERENCE",
+    "INVALID_TRANSITION",
+    "INVALID_TRANSCRIPT",
+)
+
+
+class SessionLogError(Exception):
+    """Base of every error sessionlog raises on purpose."""
+
+
+class ContractError(SessionLogError):
+    """A contract rule was broken. `code`, `line` and `seq` match the contract's error form."""
+
+    def __init__(self, code: str, line: int, seq: int | None = None, detail: str = "") -> None:
+        self.code = code
+        self.line = line
+        self.seq = seq
+        self.detail = detail
+        super().__init__(self._message())
+
+    def _where(self) -> str:
+        where = f"line {self.line}"
+        if self.seq is not None:
+            where += f", seq {self.seq}"
+        return where
+
+    def _message(self) -> str:
+        text = f"{self.code} at {self._where()}"
+        return f"{text}: {self.detail}" if self.detail else text
+
+    def to_json(self) -> dict[str, object]:
+        """The contract's error object: `{code, line}` plus `seq` when it is known."""
+        error: dict[str, object] = {"code": self.code, "line": self.line}
+        if self.seq is not None:
+            error["seq"] = self.seq
+        return error
+
+
+class CorruptionError(ContractError, ValueError):
+    """Stored bytes break the contract. Carries where: path, line, byte offset of the line, seq."""
+
+    def __init__(
+        self,
+        code: str,
+        line: int,
+        seq: int | None = None,
+        detail: str = "",
+        *,
+        offset: int | None = None,
+        path: str | Path | None = None,
+    ) -> None:
+        self.offset = offset
+        self.path = None if path is None else str(path)
+        super().__init__(code, line, seq, detail)
+
+    def _message(self) -> str:
+        where = f"{self.path or '<bytes>'}: line {self.line}"
+        if self.offset is not None:
+            where += f" (byte offset {self.offset})"
+        if self.seq is not None:
+            where += f", seq {self.seq}"
+        text = f"{self.code} at {where}"
+        return f"{text}: {self.detail}" if self.detail else text
+
+    def located(self, path: str | Path) -> CorruptionError:
+        """The same error, naming the file it came from."""
+        located = CorruptionError(self.code, self.line, self.seq, self.detail, offset=self.offset, path=path)
+        located.__cause__ = self.__cause__
+        return located
+
+
+class ValidationError(ContractError, ValueError):
+    """A commit was rejected: nothing was written and the store is unchanged."""
+
+    def _message(self) -> str:
+        seq = f"seq {self.seq}" if self.seq is not None else "the transaction"
+        text = f"commit rejected, {self.code} at {seq}"
+        return f"{text}: {self.detail}" if self.detail else text
+
+
+class SessionLockedError(SessionLogError):
+    """Another writer holds the session."""
+
+
+class StoreClosedError(SessionLogError):
+    """The store was closed."""
+
+
+class StorePoisonedError(SessionLogError):
+    """A write or sync failed: the store accepts nothing until it is reopened."""
+
+
+class UnknownBackendError(SessionLogError, LookupError):
+    """No backend by that name is registered."""
+
+    def __init__(self, name: str, known: Iterable[str]) -> None:
+        self.name = name
+        self.known = sorted(known)
+        super().__init__(f"unknown backend {name!r}; registered: {', '.join(self.known) or 'none'}")
+
+
+class SessionExistsError(SessionLogError, FileExistsError):
+    """A session already exists at that path."""
+
+
+class SessionNotFoundError(SessionLogError, FileNotFoundError):
+    """No session exists at that path."""

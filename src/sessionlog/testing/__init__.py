@@ -1,0 +1,1 @@
+"""The invariant suite every backend must pass, importable by third-party backends."""
