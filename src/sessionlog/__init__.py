@@ -5,6 +5,7 @@ written before the effect it describes, in the canonical v2 session contract of 
 """
 
 from .core.canonical import canonical, configuration_digest, source_digest
+from .core.commit import encode_header
 from .core.errors import (
     ContractError,
     CorruptionError,
@@ -12,6 +13,7 @@ from .core.errors import (
     SessionLockedError,
     SessionLogError,
     SessionNotFoundError,
+    SessionPathError,
     StoreClosedError,
     StorePoisonedError,
     UnknownBackendError,
@@ -21,23 +23,34 @@ from .core.ids import new_id
 from .core.loading import reduce_bytes
 from .core.planner import plan_recovery
 from .core.state import SessionState, Usage
+from .core.store import BackendInfo, SessionStore
+from .opening import backends, create, create_async, open, open_async
 
 __all__ = [
+    "BackendInfo",
     "ContractError",
     "CorruptionError",
     "SessionExistsError",
     "SessionLockedError",
     "SessionLogError",
     "SessionNotFoundError",
+    "SessionPathError",
     "SessionState",
+    "SessionStore",
     "StoreClosedError",
     "StorePoisonedError",
     "UnknownBackendError",
     "Usage",
     "ValidationError",
+    "backends",
     "canonical",
     "configuration_digest",
+    "create",
+    "create_async",
+    "encode_header",
     "new_id",
+    "open",
+    "open_async",
     "plan_recovery",
     "reduce_bytes",
     "source_digest",

@@ -125,3 +125,7 @@ class SessionExistsError(SessionLogError, FileExistsError):
 
 class SessionNotFoundError(SessionLogError, FileNotFoundError):
     """No session exists at that path."""
+
+
+class SessionPathError(SessionLogError, OSError):
+    """The path cannot hold a session: a symlink, a directory, not a regular file, or unreadable."""

@@ -286,56 +286,64 @@ class Reducer:
         self.tools: dict[str, dict[str, Any]] = {}  # toolStarted id -> tool state
         self.outcomes: set[tuple[str, int]] = set()  # (assistant entry id, toolIndex) with an outcome
         self.current: Operation | None = None
+        self.last_timestamp = 0  # the largest fact timestamp so far
         self._digests: dict[tuple[Any, ...], tuple[str, dict[str, Any]]] = {}
         self._undo: list[Callable[[], object]] | None = None
-        self._saved: tuple[Any, ...] = ()
 
     # -- transactions ------------------------------------------------------------------------
 
-    def begin(self) -> None:
-        """Start journalling: the next transaction can be rolled back."""
-        self._undo = []
-        self._saved = (
+    def begin(self) -> int:
+        """Start journalling one transaction; return its mark for `rollback`. Marks nest: a
+        store may have several transactions in flight, each undoable back to its own mark."""
+        if self._undo is None:
+            self._undo = []
+        mark = len(self._undo)
+        saved = (
             self.next_seq,
+            self.last_timestamp,
             self.boundary,
             self.current,
             self.active_context,
             len(self.active_context),
             len(self.transcript),
             len(self.message_ids),
-            list(self.usage),
+            self.usage,
             set(self.open_calls),
         )
+        self._undo.append(lambda: self._restore_saved(saved))
+        return mark
 
-    def commit(self) -> None:
-        self._undo = None
-        self._saved = ()
-
-    def rollback(self) -> None:
-        """Undo everything since `begin`."""
-        undo = self._undo
-        if undo is None:
-            raise RuntimeError("rollback without begin")
-        for step in reversed(undo):
-            step()
+    def _restore_saved(self, saved: tuple[Any, ...]) -> None:
         (
             self.next_seq,
+            self.last_timestamp,
             self.boundary,
             self.current,
             active,
             active_length,
             transcript_length,
             messages_length,
-            usage,
-            open_calls,
-        ) = self._saved
+            self.usage,
+            self.open_calls,
+        ) = saved
         del active[active_length:]
         self.active_context = active
         del self.transcript[transcript_length:]
         del self.message_ids[messages_length:]
-        self.usage = usage
-        self.open_calls = open_calls
-        self.commit()
+
+    def release(self) -> None:
+        """Every journalled transaction is durable: forget how to undo them."""
+        self._undo = None
+
+    def rollback(self, mark: int = 0) -> None:
+        """Undo every transaction from `mark` on, newest first."""
+        undo = self._undo
+        if undo is None or mark > len(undo):
+            raise RuntimeError("rollback without a matching begin")
+        while len(undo) > mark:
+            undo.pop()()
+        if not undo:
+            self._undo = None
 
     def apply(self, value: Any, line: int) -> None:
         """Apply one transaction line's value (a fact or an array of facts)."""
@@ -415,6 +423,8 @@ class Reducer:
         self.ids.add(fact_id)
         self._journal(lambda: self.ids.discard(fact_id))
         self.next_seq = seq + 1
+        if timestamp > self.last_timestamp:
+            self.last_timestamp = timestamp
 
     # -- field checks ------------------------------------------------------------------------
 

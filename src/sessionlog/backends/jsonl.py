@@ -1,0 +1,32 @@
+"""`jsonl`: sync, process class. One write of the whole line per commit, no sync: an acknowledged
+commit is in the kernel and survives kill -9, not power loss."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..core.store import BackendInfo
+from ..plugins.hookspecs import Register, hookimpl
+from .jsonl_file import DEFAULT_OPS, FileOps, JsonlFile
+
+INFO = BackendInfo("jsonl", "process", "sync", "JSONL file, one write per commit, no fsync")
+
+
+def open_jsonl(
+    path: Path, *, create: bytes | None = None, lock: bool = False, ops: FileOps = DEFAULT_OPS, **options: Any
+) -> JsonlFile:
+    _no_options(options)
+    if create is not None:
+        return JsonlFile.create(path, create, sync=False, lock=lock, ops=ops)
+    return JsonlFile.open(path, sync=False, lock=lock, ops=ops)
+
+
+def _no_options(options: dict[str, Any]) -> None:
+    if options:
+        raise TypeError(f"unknown backend options: {', '.join(sorted(options))}")
+
+
+@hookimpl
+def register_backends(register: Register) -> None:
+    register(INFO.name, open_jsonl, INFO)

@@ -1,0 +1,28 @@
+"""`jsonl-fsync`: sync, power class. As `jsonl`, then `fdatasync` before the commit returns; the
+create fsyncs the file and its directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..core.store import BackendInfo
+from ..plugins.hookspecs import Register, hookimpl
+from .jsonl import _no_options
+from .jsonl_file import DEFAULT_OPS, FileOps, JsonlFile
+
+INFO = BackendInfo("jsonl-fsync", "power", "sync", "JSONL file, one write + fdatasync per commit")
+
+
+def open_jsonl_fsync(
+    path: Path, *, create: bytes | None = None, lock: bool = False, ops: FileOps = DEFAULT_OPS, **options: Any
+) -> JsonlFile:
+    _no_options(options)
+    if create is not None:
+        return JsonlFile.create(path, create, sync=True, lock=lock, ops=ops)
+    return JsonlFile.open(path, sync=True, lock=lock, ops=ops)
+
+
+@hookimpl
+def register_backends(register: Register) -> None:
+    register(INFO.name, open_jsonl_fsync, INFO)

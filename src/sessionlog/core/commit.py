@@ -1,0 +1,156 @@
+"""The one commit pipeline every backend shares.
+
+prepare: assign seq, ids (unless the fact brings its own) and a timestamp (ms, never decreasing
+within the session); encode the transaction as one compact line (one fact bare, several as an
+array); validate the decoded line on the live reducer, journalled. A rejected transaction raises
+ValidationError and leaves state, next seq and bytes exactly as before.
+
+The backend then stores the line. `acknowledge` makes it part of the acknowledged state;
+`abandon` (the write failed) undoes it and everything prepared after it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from .errors import ContractError, ValidationError
+from .ids import new_id
+from .reducer import Reducer
+from .state import SessionState
+
+_ASSIGNED = ("seq", "timestamp")
+
+
+@dataclass(eq=False)
+class Prepared:
+    """A validated transaction, not yet acknowledged by its backend."""
+
+    facts: list[dict[str, Any]]
+    line: bytes
+    mark: int
+    state_before: SessionState | None = field(default=None, repr=False)
+
+
+def encode_header(
+    *,
+    session_id: str | None = None,
+    created_at: int | None = None,
+    cwd: str,
+    provider: str,
+    model: str,
+    environment_identity: str,
+) -> bytes:
+    """The header line of a new session."""
+    header = {
+        "kind": "header",
+        "version": 2,
+        "id": session_id or new_id(),
+        "createdAt": time.time_ns() // 1_000_000 if created_at is None else created_at,
+        "cwd": cwd,
+        "provider": provider,
+        "model": model,
+        "environmentIdentity": environment_identity,
+    }
+    return orjson.dumps(header) + b"\n"
+
+
+class CommitPipeline:
+    """Owns the reducer of an open store and the order of its transactions."""
+
+    def __init__(self, reducer: Reducer, length: int, lines: int) -> None:
+        self.reducer = reducer
+        self.length = length  # acknowledged bytes
+        self.lines = lines  # acknowledged lines, the header included
+        self._pending: deque[Prepared] = deque()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def prepare(self, facts: Iterable[Mapping[str, Any]], *, keep_state: bool = False) -> Prepared:
+        if isinstance(facts, Mapping):
+            raise TypeError("commit takes a list of facts (one transaction), not a single fact")
+        reducer = self.reducer
+        line_number = self.lines + len(self._pending) + 1
+        first_seq = reducer.next_seq
+        now = time.time_ns() // 1_000_000
+        timestamp = now if now > reducer.last_timestamp else reducer.last_timestamp
+        committed: list[dict[str, Any]] = []
+        for index, fact in enumerate(facts):
+            seq = first_seq + index
+            if not isinstance(fact, Mapping):
+                raise ValidationError("INVALID_FACT", line_number, None, f"fact {index} is not a mapping")
+            for key in _ASSIGNED:
+                if key in fact:
+                    raise ValidationError("INVALID_FACT", line_number, seq, f"{key} is assigned by the store")
+            out = {
+                "kind": fact.get("kind"),
+                "seq": seq,
+                "id": fact.get("id") or new_id(),
+                "timestamp": timestamp,
+            }
+            for key, value in fact.items():
+                if key != "kind" and key != "id":
+                    out[key] = value
+            committed.append(out)
+        if not committed:
+            raise ValidationError(
+                "EMPTY_TRANSACTION", line_number, None, "a transaction needs at least one fact"
+            )
+        try:
+            line = orjson.dumps(committed[0] if len(committed) == 1 else committed) + b"\n"
+        except TypeError as error:
+            raise ValidationError(
+                "INVALID_FACT", line_number, None, f"not encodable as JSON: {error}"
+            ) from None
+        in_flight = sum(len(pending.line) for pending in self._pending)
+        state_before = SessionState(reducer, self.length + in_flight) if keep_state else None
+        mark = reducer.begin()
+        try:
+            # Validate exactly what will be stored: fresh objects the caller cannot mutate later.
+            reducer.apply(orjson.loads(line), line_number)
+        except ContractError as error:
+            reducer.rollback(mark)
+            raise ValidationError(error.code, line_number, error.seq, error.detail) from None
+        except BaseException:
+            reducer.rollback(mark)
+            raise
+        prepared = Prepared(committed, line, mark, state_before)
+        self._pending.append(prepared)
+        return prepared
+
+    def acknowledge(self, prepared: Prepared) -> None:
+        """The backend stored `prepared` (the oldest pending transaction)."""
+        if not self._pending or self._pending[0] is not prepared:
+            raise RuntimeError("transactions are acknowledged in the order they were prepared")
+        self._pending.popleft()
+        self.length += len(prepared.line)
+        self.lines += 1
+        if not self._pending:
+            self.reducer.release()
+
+    def abandon(self, prepared: Prepared) -> list[Prepared]:
+        """Undo `prepared` and every transaction prepared after it; return them, oldest first."""
+        index = self._pending.index(prepared)
+        dropped = list(self._pending)[index:]
+        for _ in dropped:
+            self._pending.pop()
+        self.reducer.rollback(prepared.mark)
+        return dropped
+
+    def state(self) -> SessionState:
+        """The acknowledged state: what the backend has stored, nothing still in flight."""
+        if self._pending:
+            first = self._pending[0].state_before
+            if first is None:
+                raise RuntimeError(
+                    "prepare(keep_state=True) is needed to read state while writes are in flight"
+                )
+            return first
+        return SessionState(self.reducer, self.length)

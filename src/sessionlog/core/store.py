@@ -1,0 +1,169 @@
+"""Store contracts: what a framework opens, commits to and closes; what a backend implements.
+
+A backend only moves bytes (read the log, drop a torn tail, append lines, close). Everything the
+contract demands happens here and in `commit.py`, once for every backend.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Protocol, Self
+
+from .commit import CommitPipeline
+from .errors import StoreClosedError, StorePoisonedError
+from .loading import load
+from .state import SessionState
+
+Durability = Literal["process", "power"]
+Api = Literal["sync", "async"]
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """What a backend promises. `durability`: process = an acknowledged commit survives kill -9;
+    power = it also survives power loss, assuming the drive honours flushes."""
+
+    name: str
+    durability: Durability
+    api: Api
+    description: str
+
+
+class SyncBackend(Protocol):
+    """One storage medium, synchronous. It never validates; it raises OSError when I/O fails."""
+
+    def read(self) -> bytes:
+        """Every stored byte of the log."""
+        ...
+
+    def truncate(self, length: int) -> None:
+        """Drop a torn tail: keep the first `length` bytes (called only after they reduced)."""
+        ...
+
+    def append(self, line: bytes) -> None:
+        """Store one transaction line whole; durable per the backend's class when it returns."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class AsyncBackend(Protocol):
+    """One storage medium, asynchronous. `append_batch` stores many lines with one write (and,
+    in the power class, one sync) so that concurrent commits share the cost of a thread hop."""
+
+    async def read(self) -> bytes: ...
+
+    async def truncate(self, length: int) -> None: ...
+
+    async def append_batch(self, lines: list[bytes]) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+# A factory opens (`create=None`) or atomically creates (`create=<header line>`) the session at
+# `path`; backend-specific options arrive as keywords (`lock=True`, ...).
+SyncFactory = Callable[..., SyncBackend]
+AsyncFactory = Callable[..., Awaitable[AsyncBackend]]
+
+
+def reduce_stored(data: bytes, path: Path) -> tuple[CommitPipeline, int]:
+    """The stored bytes of a backend to a pipeline; returns it and the committed length."""
+    reducer, end = load(data, path=path)
+    lines = data.count(b"\n", 0, end)
+    return CommitPipeline(reducer, end, lines), end
+
+
+class SessionStore:
+    """A session open for writing through a synchronous backend.
+
+    Commits from several threads are serialized; each is one transaction, one line, one write.
+    """
+
+    def __init__(self, backend: SyncBackend, pipeline: CommitPipeline, path: Path, info: BackendInfo) -> None:
+        self._backend = backend
+        self._pipeline = pipeline
+        self._lock = threading.Lock()
+        self._closed = False
+        self._poisoned: BaseException | None = None
+        self.path = path
+        self.info = info
+
+    @classmethod
+    def open_backend(cls, backend: SyncBackend, path: Path, info: BackendInfo) -> SessionStore:
+        """Reduce what `backend` holds (repairing a torn tail) and wrap it; closes it on error."""
+        try:
+            data = backend.read()
+            pipeline, end = reduce_stored(data, path)
+            if end < len(data):
+                backend.truncate(end)
+        except BaseException:
+            backend.close()
+            raise
+        return cls(backend, pipeline, path, info)
+
+    @property
+    def durability(self) -> Durability:
+        return self.info.durability
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def poisoned(self) -> bool:
+        return self._poisoned is not None
+
+    def _check(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"{self.path}: the store is closed")
+        if self._poisoned is not None:
+            raise StorePoisonedError(
+                f"{self.path}: an earlier write or sync failed ({self._poisoned!r}); reopen the session"
+            ) from self._poisoned
+
+    def commit(self, facts: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Commit one transaction; return its facts with seq, id and timestamp. Durable per the
+        backend's class when this returns. ValidationError: nothing was written."""
+        with self._lock:
+            self._check()
+            prepared = self._pipeline.prepare(facts)
+            try:
+                self._backend.append(prepared.line)
+            except BaseException as error:
+                self._pipeline.abandon(prepared)
+                self._poisoned = error
+                raise StorePoisonedError(
+                    f"{self.path}: writing seq {prepared.facts[0]['seq']} failed; the store is poisoned "
+                    "and the commit may or may not be on disk (reopen to find out)"
+                ) from error
+            self._pipeline.acknowledge(prepared)
+            return prepared.facts
+
+    def load(self) -> SessionState:
+        """The state of everything committed so far."""
+        with self._lock:
+            self._check()
+            return self._pipeline.state()
+
+    def close(self) -> None:
+        """Idempotent. After close every call raises StoreClosedError."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._backend.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<SessionStore {self.info.name} {self.path}>"

@@ -1,0 +1,110 @@
+"""Opening sessions by backend name: `create`, `open`, `create_async`, `open_async`, `backends`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .core.commit import encode_header
+from .core.store import BackendInfo, SessionStore
+from .plugins.registry import Registry, default_registry
+
+if TYPE_CHECKING:
+    from .core.async_store import AsyncSessionStore
+
+
+def backends(registry: Registry | None = None) -> Mapping[str, BackendInfo]:
+    """Every registered backend: name -> BackendInfo (durability class, sync or async)."""
+    return registry if registry is not None else default_registry()
+
+
+def _resolve(backend: str, api: str, registry: Registry | None) -> tuple[Any, BackendInfo]:
+    registry = registry if registry is not None else default_registry()
+    info = registry.info(backend)
+    if info.api != api:
+        other = "open_async / create_async" if info.api == "async" else "open / create"
+        raise TypeError(f"backend {backend!r} is {info.api}: use sessionlog.{other}")
+    return registry.factory(backend), info
+
+
+def _header(
+    provider: str, model: str, cwd: str | None, environment_identity: str | None, session_id: str | None
+) -> bytes:
+    cwd = cwd if cwd is not None else os.getcwd()
+    return encode_header(
+        session_id=session_id,
+        cwd=cwd,
+        provider=provider,
+        model=model,
+        environment_identity=environment_identity if environment_identity is not None else cwd,
+    )
+
+
+def create(
+    path: str | os.PathLike[str],
+    backend: str = "jsonl",
+    *,
+    provider: str,
+    model: str,
+    cwd: str | None = None,
+    environment_identity: str | None = None,
+    session_id: str | None = None,
+    registry: Registry | None = None,
+    **options: Any,
+) -> SessionStore:
+    """Create a new session atomically; SessionExistsError if one is there already."""
+    factory, info = _resolve(backend, "sync", registry)
+    path = Path(path)
+    header = _header(provider, model, cwd, environment_identity, session_id)
+    return SessionStore.open_backend(factory(path, create=header, **options), path, info)
+
+
+def open(
+    path: str | os.PathLike[str], backend: str = "jsonl", *, registry: Registry | None = None, **options: Any
+) -> SessionStore:
+    """Open an existing session: repairs a torn tail, refuses a corrupted log (CorruptionError)."""
+    factory, info = _resolve(backend, "sync", registry)
+    path = Path(path)
+    return SessionStore.open_backend(factory(path, create=None, **options), path, info)
+
+
+async def create_async(
+    path: str | os.PathLike[str],
+    backend: str = "jsonl-async",
+    *,
+    provider: str,
+    model: str,
+    cwd: str | None = None,
+    environment_identity: str | None = None,
+    session_id: str | None = None,
+    registry: Registry | None = None,
+    **options: Any,
+) -> AsyncSessionStore:
+    """`create` for async backends."""
+    from .core.async_store import AsyncSessionStore
+
+    factory, info = _resolve(backend, "async", registry)
+    path = Path(path)
+    header = _header(provider, model, cwd, environment_identity, session_id)
+    store_options, backend_options = AsyncSessionStore.split_options(options)
+    opened = await factory(path, create=header, **backend_options)
+    return await AsyncSessionStore.open_backend(opened, path, info, **store_options)
+
+
+async def open_async(
+    path: str | os.PathLike[str],
+    backend: str = "jsonl-async",
+    *,
+    registry: Registry | None = None,
+    **options: Any,
+) -> AsyncSessionStore:
+    """`open` for async backends."""
+    from .core.async_store import AsyncSessionStore
+
+    factory, info = _resolve(backend, "async", registry)
+    path = Path(path)
+    store_options, backend_options = AsyncSessionStore.split_options(options)
+    opened = await factory(path, create=None, **backend_options)
+    return await AsyncSessionStore.open_backend(opened, path, info, **store_options)

@@ -1,0 +1,1 @@
+"""pluggy glue: the hook specifications, the plugin manager and the backend registry."""
