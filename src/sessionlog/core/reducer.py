@@ -19,6 +19,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
 from .canonical import MAX_SAFE_INTEGER, canonical, digest, source_digest
 from .errors import ContractError
 
@@ -115,6 +117,8 @@ _RECORD_KEYS = {
         ("type", "operationId", "operationKind", "outcome", "completion", "finalEntryId", "error")
     ),
 }
+
+_SNAPSHOT_CACHE = 256  # distinct snapshot encodings remembered per session
 
 # Reservation kinds: what a reserved id may later become.
 _IDENTITY, _TOOL_RESULT, _COMPACTION_RESULT = "identity", "toolResult", "compactionResult"
@@ -288,6 +292,7 @@ class Reducer:
         self.current: Operation | None = None
         self.last_timestamp = 0  # the largest fact timestamp so far
         self._digests: dict[tuple[Any, ...], tuple[str, dict[str, Any]]] = {}
+        self._snapshots: dict[bytes, tuple[str, dict[str, Any]]] = {}
         self._undo: list[Callable[[], object]] | None = None
 
     # -- transactions ------------------------------------------------------------------------
@@ -382,14 +387,12 @@ class Reducer:
 
     # -- journalled mutations ----------------------------------------------------------------
 
-    def _journal(self, step: Callable[[], object]) -> None:
-        if self._undo is not None:
-            self._undo.append(step)
-
-    def _restore(self, target: object, name: str) -> None:
-        if self._undo is not None:
+    def _restore(self, target: object, *names: str) -> None:
+        """Journal the current values of `names` on `target` (call only while journalling)."""
+        assert self._undo is not None
+        for name in names:
             old = getattr(target, name)
-            self._undo.append(lambda: setattr(target, name, old))
+            self._undo.append(lambda name=name, old=old: setattr(target, name, old))
 
     # -- per fact ----------------------------------------------------------------------------
 
@@ -421,7 +424,8 @@ class Reducer:
         if fact_id in self.reserved:
             raise _fail("DUPLICATE_ID", line, seq, f"id {fact_id} is reserved for another fact")
         self.ids.add(fact_id)
-        self._journal(lambda: self.ids.discard(fact_id))
+        if self._undo is not None:
+            self._undo.append(lambda: self.ids.discard(fact_id))
         self.next_seq = seq + 1
         if timestamp > self.last_timestamp:
             self.last_timestamp = timestamp
@@ -430,7 +434,7 @@ class Reducer:
 
     @staticmethod
     def _keys(value: dict[str, Any], allowed: frozenset[str], what: str, line: int, seq: int) -> None:
-        if not value.keys() <= allowed:
+        if not allowed.issuperset(value):
             raise _fail(
                 "INVALID_FACT", line, seq, f"{what} has unknown keys {sorted(value.keys() - allowed)}"
             )
@@ -460,28 +464,40 @@ class Reducer:
         return value
 
     def _reserve(self, value: Any, what: str, line: int, seq: int, kind: str = _IDENTITY) -> str:
-        key = self._uuid(value, what, line, seq)
-        if key in self.ids or key in self.reserved:
-            raise _fail("DUPLICATE_ID", line, seq, f"{what} {key} is already a fact id or reserved")
-        self.reserved[key] = kind
-        self._journal(lambda: self.reserved.pop(key))
-        return key
+        if type(value) is not str or _UUID7(value) is None:
+            raise _fail("INVALID_FACT", line, seq, f"{what} is not a UUIDv7")
+        if value in self.ids or value in self.reserved:
+            raise _fail("DUPLICATE_ID", line, seq, f"{what} {value} is already a fact id or reserved")
+        self.reserved[value] = kind
+        if self._undo is not None:
+            self._undo.append(lambda: self.reserved.pop(value))
+        return value
 
     def _release(self, key: str) -> None:
         kind = self.reserved.pop(key)
-        self._journal(lambda: self.reserved.__setitem__(key, kind))
+        if self._undo is not None:
+            self._undo.append(lambda: self.reserved.__setitem__(key, kind))
 
     def _running(self, value: Any, what: str, line: int, seq: int) -> Operation:
-        key = self._uuid(value, what, line, seq)
-        found = self.operations.get(key)
+        # Only valid ids are keys, so a hit needs no UUID check; a miss decides the code.
+        found = self.operations.get(value) if type(value) is str else None
         if found is None:
-            raise _fail("INVALID_REFERENCE", line, seq, f"{what} {key} is not a known operation")
+            self._uuid(value, what, line, seq)
+            raise _fail("INVALID_REFERENCE", line, seq, f"{what} {value} is not a known operation")
         if found.finished:
-            raise _fail("INVALID_TRANSITION", line, seq, f"operation {key} is already finished")
+            raise _fail("INVALID_TRANSITION", line, seq, f"operation {value} is already finished")
+        return found
+
+    def _known(self, table: dict[str, Any], value: Any, what: str, line: int, seq: int) -> Any:
+        """`table[value]`, or None when a valid id is missing; INVALID_FACT when not a UUIDv7."""
+        found = table.get(value) if type(value) is str else None
+        if found is None:
+            self._uuid(value, what, line, seq)
         return found
 
     def _message(self, value: Any, line: int, seq: int) -> dict[str, Any]:
-        """A message to its normal form (keys in the contract's order)."""
+        """Validate a message and return it as it is: its key set is then exactly the contract's
+        (no unknown keys, every required one present), so it equals the normal form."""
         if type(value) is not dict:
             raise _fail("INVALID_FACT", line, seq, "message is not an object")
         role = value.get("role")
@@ -490,7 +506,7 @@ class Reducer:
             self._keys(value, _USER_MESSAGE, "user message", line, seq)
             if type(content) is not str or not content:
                 raise _fail("INVALID_FACT", line, seq, "user content is not a non-empty string")
-            return {"role": role, "content": content}
+            return value
         if role == "tool":
             self._keys(value, _TOOL_MESSAGE, "tool message", line, seq)
             if type(content) is not str:
@@ -498,18 +514,20 @@ class Reducer:
             call_id = value.get("tool_call_id")
             if type(call_id) is not str or not call_id:
                 raise _fail("INVALID_FACT", line, seq, "tool_call_id is not a non-empty string")
-            return {"role": role, "content": content, "tool_call_id": call_id}
+            return value
         if role != "assistant":
             raise _fail("INVALID_FACT", line, seq, f"message role {role!r} is not user, assistant or tool")
         self._keys(value, _ASSISTANT_MESSAGE, "assistant message", line, seq)
         if content is not None and type(content) is not str:
             raise _fail("INVALID_FACT", line, seq, "assistant content is not a string or null")
+        if "content" not in value:  # the ports read a missing content as null
+            value = {"role": role, "content": None, **value}
         if "tool_calls" not in value:
-            return {"role": role, "content": content}
+            return value
         raw_calls = value["tool_calls"]
         if type(raw_calls) is not list or not raw_calls:
             raise _fail("INVALID_FACT", line, seq, "tool_calls is not a non-empty array")
-        calls = []
+        ids = set()
         for raw in raw_calls:
             if type(raw) is not dict:
                 raise _fail("INVALID_FACT", line, seq, "a tool call is not an object")
@@ -527,12 +545,10 @@ class Reducer:
             name = function.get("name")
             if type(call_id) is not str or not call_id or type(name) is not str or not name:
                 raise _fail("INVALID_FACT", line, seq, "tool call id or name is not a non-empty string")
-            calls.append(
-                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-            )
-        if len({call["id"] for call in calls}) != len(calls):
+            ids.add(call_id)
+        if len(ids) != len(raw_calls):
             raise _fail("INVALID_TRANSCRIPT", line, seq, "two tool calls of one message share an id")
-        return {"role": role, "content": content, "tool_calls": calls}
+        return value
 
     # -- entries -----------------------------------------------------------------------------
 
@@ -566,7 +582,8 @@ class Reducer:
         self.boundary = fact_id
         self.message_ids.append(fact_id)
         self.entries[fact_id] = info
-        self._journal(lambda: self.entries.pop(fact_id))
+        if self._undo is not None:
+            self._undo.append(lambda: self.entries.pop(fact_id))
 
     def _settle_attempt(
         self, entry: dict[str, Any], message: dict[str, Any], fact_id: str, line: int, seq: int
@@ -594,9 +611,8 @@ class Reducer:
             raise _fail("INVALID_TRANSCRIPT", line, seq, "stopReason toolUse without tool calls")
         if stop == "stop" and "tool_calls" in message:
             raise _fail("INVALID_TRANSCRIPT", line, seq, "stopReason stop with tool calls")
-        self._restore(attempt, "closed")
-        self._restore(attempt, "settled_id")
-        self._restore(attempt, "stop_reason")
+        if self._undo is not None:
+            self._restore(attempt, "closed", "settled_id", "stop_reason")
         attempt.closed = True
         attempt.settled_id = fact_id
         attempt.stop_reason = stop
@@ -654,7 +670,8 @@ class Reducer:
             if message["content"] != SYNTHETIC_CONTENT[reason]:
                 raise _fail("INVALID_TRANSCRIPT", line, seq, f"content is not the fixed {reason} text")
             self.outcomes.add(pair)
-            self._journal(lambda: self.outcomes.discard(pair))
+            if self._undo is not None:
+                self._undo.append(lambda: self.outcomes.discard(pair))
             return Entry("message", message, order, through, assistant.operation_id, step_id)
         if self.reserved.get(fact_id) != _TOOL_RESULT:
             raise _fail("INVALID_REFERENCE", line, seq, f"{fact_id} is not a reserved tool-result id")
@@ -684,7 +701,8 @@ class Reducer:
                 "INVALID_REFERENCE", line, seq, f"{started_id} is not a pending tool intent for this result"
             )
         started["status"] = "completed"
-        self._journal(lambda: started.__setitem__("status", "pending"))
+        if self._undo is not None:
+            self._undo.append(lambda: started.__setitem__("status", "pending"))
         self._release(fact_id)
         return Entry("message", message, order, through, started["operationId"], started["stepId"])
 
@@ -757,8 +775,8 @@ class Reducer:
             raise _fail("INVALID_TRANSITION", line, seq, "the compaction has no open compaction attempt")
         self.active_context = [{"role": "user", "content": "[Compacted history]\n" + summary}, *retained]
         self.boundary = found.input_id
-        self._restore(attempt, "closed")
-        self._restore(attempt, "settled_id")
+        if self._undo is not None:
+            self._restore(attempt, "closed", "settled_id")
         attempt.closed = True
         attempt.settled_id = fact_id
         self._release(fact_id)
@@ -771,7 +789,8 @@ class Reducer:
             attempt.step_id,
             attempt.attempt_id,
         )
-        self._journal(lambda: self.entries.pop(fact_id))
+        if self._undo is not None:
+            self._undo.append(lambda: self.entries.pop(fact_id))
 
     @staticmethod
     def _check_messages(messages: list[dict[str, Any]], line: int, seq: int) -> None:
@@ -815,7 +834,8 @@ class Reducer:
 
     def _start(self, operation: Operation) -> None:
         self.operations[operation.id] = operation
-        self._journal(lambda: self.operations.pop(operation.id))
+        if self._undo is not None:
+            self._undo.append(lambda: self.operations.pop(operation.id))
         self.current = operation
 
     def _run_started(self, record: dict[str, Any], line: int, seq: int) -> None:
@@ -873,7 +893,25 @@ class Reducer:
         self._start(Operation("compaction", operation_id, input_id, result_id))
 
     def _snapshot(self, value: Any, line: int, seq: int) -> tuple[str, dict[str, Any]]:
-        """A configuration snapshot to (digest, normal form); equal snapshots share one object."""
+        """A configuration snapshot to (digest, normal form); equal snapshots share one object.
+
+        Sessions repeat one snapshot in every attempt: its encoding, once validated, is a cache
+        key that skips validation and hashing next time."""
+        encoded = b""
+        if type(value) is dict:
+            try:
+                encoded = orjson.dumps(value)
+            except TypeError:  # e.g. an integer beyond 64 bits: just validate without caching
+                pass
+            cached = self._snapshots.get(encoded)
+            if cached is not None:
+                return cached
+        known = self._validate_snapshot(value, line, seq)
+        if encoded and len(self._snapshots) < _SNAPSHOT_CACHE:
+            self._snapshots[encoded] = known
+        return known
+
+    def _validate_snapshot(self, value: Any, line: int, seq: int) -> tuple[str, dict[str, Any]]:
         snapshot = self._object(value, "configurationSnapshot", line, seq)
         self._keys(snapshot, _SNAPSHOT, "configurationSnapshot", line, seq)
         model = self._text(snapshot.get("model"), "snapshot model", line, seq)
@@ -970,19 +1008,23 @@ class Reducer:
                     seq,
                     "attempt 2 needs an open attempt 1 of the same step, context and digest",
                 )
-            self._restore(first, "closed")
+            if self._undo is not None:
+                self._restore(first, "closed")
             first.closed = True
         attempt = Attempt(found.id, step_id, attempt_id, number, kind, context_id, snapshot, claimed)
         self.attempts[attempt_id] = attempt
-        self._journal(lambda: self.attempts.pop(attempt_id))
+        if self._undo is not None:
+            self._undo.append(lambda: self.attempts.pop(attempt_id))
         if prior is None:
             self.steps[step_id] = [attempt]
-            self._journal(lambda: self.steps.pop(step_id))
+            if self._undo is not None:
+                self._undo.append(lambda: self.steps.pop(step_id))
         else:
             prior.append(attempt)
-            self._journal(prior.pop)
-        self._restore(found, "latest_step_id")
-        self._restore(found, "step")
+            if self._undo is not None:
+                self._undo.append(prior.pop)
+        if self._undo is not None:
+            self._restore(found, "latest_step_id", "step")
         found.latest_step_id = step_id
         found.step = attempt
 
@@ -1014,8 +1056,8 @@ class Reducer:
             or attempt.closed
         ):
             raise _fail("INVALID_REFERENCE", line, seq, f"{attempt_id} is not an open attempt of that step")
-        self._restore(attempt, "closed")
-        self._restore(attempt, "failed")
+        if self._undo is not None:
+            self._restore(attempt, "closed", "failed")
         attempt.closed = True
         attempt.failed = True
 
@@ -1073,11 +1115,14 @@ class Reducer:
             "status": "pending",
         }
         self.tools[fact_id] = tool
-        self._journal(lambda: self.tools.pop(fact_id))
+        if self._undo is not None:
+            self._undo.append(lambda: self.tools.pop(fact_id))
         self.outcomes.add(pair)
-        self._journal(lambda: self.outcomes.discard(pair))
+        if self._undo is not None:
+            self._undo.append(lambda: self.outcomes.discard(pair))
         found.tool_calls.append(tool)
-        self._journal(found.tool_calls.pop)
+        if self._undo is not None:
+            self._undo.append(found.tool_calls.pop)
 
     def _abort_requested(self, record: dict[str, Any], line: int, seq: int) -> None:
         found = self._running(record.get("operationId"), "operationId", line, seq)
@@ -1092,7 +1137,8 @@ class Reducer:
             raise _fail(
                 "INVALID_TRANSITION", line, seq, "not the current operation, or abort already requested"
             )
-        self._restore(found, "abort_requested")
+        if self._undo is not None:
+            self._restore(found, "abort_requested")
         found.abort_requested = True
 
     def _operation_finished(self, record: dict[str, Any], line: int, seq: int) -> None:
@@ -1122,7 +1168,8 @@ class Reducer:
             self._error(record.get("error"), line, seq)
         elif "error" in record:
             raise _fail("INVALID_FACT", line, seq, "error is only for a failed operation")
-        self._restore(found, "finished")
+        if self._undo is not None:
+            self._restore(found, "finished")
         found.finished = True
         self.current = None
 
@@ -1169,32 +1216,36 @@ class Reducer:
     # -- usage -------------------------------------------------------------------------------
 
     def _apply_usage(self, fact: dict[str, Any], line: int, seq: int) -> None:
-        self._keys(fact, _USAGE_FACT, "usage fact", line, seq)
-        operation_id = self._uuid(fact.get("operationId"), "operationId", line, seq)
-        if operation_id not in self.operations:
-            raise _fail(
-                "INVALID_REFERENCE", line, seq, f"operationId {operation_id} is not a known operation"
-            )
+        if not _USAGE_FACT.issuperset(fact):
+            self._keys(fact, _USAGE_FACT, "usage fact", line, seq)
+        operation_id = fact.get("operationId")
+        if self._known(self.operations, operation_id, "operationId", line, seq) is None:
+            raise _fail("INVALID_REFERENCE", line, seq, f"operationId {operation_id} is not a known operation")
         has_attempt = "attemptId" in fact
         if has_attempt == ("toolStartedId" in fact):
             raise _fail("INVALID_FACT", line, seq, "usage names exactly one of attemptId and toolStartedId")
         if has_attempt:
-            attempt = self.attempts.get(self._uuid(fact["attemptId"], "attemptId", line, seq))
+            attempt = self._known(self.attempts, fact["attemptId"], "attemptId", line, seq)
             if attempt is None or attempt.operation_id != operation_id:
                 raise _fail("INVALID_REFERENCE", line, seq, "attemptId is not an attempt of that operation")
         else:
-            tool = self.tools.get(self._uuid(fact["toolStartedId"], "toolStartedId", line, seq))
+            tool = self._known(self.tools, fact["toolStartedId"], "toolStartedId", line, seq)
             if tool is None or tool["operationId"] != operation_id:
                 raise _fail(
                     "INVALID_REFERENCE", line, seq, "toolStartedId is not a tool intent of that operation"
                 )
-        usage = self._object(fact.get("usage"), "usage", line, seq)
-        self._keys(usage, _USAGE_KEYS, "usage", line, seq)
+        usage = fact.get("usage")
+        if type(usage) is not dict or not _USAGE_KEYS.issuperset(usage):
+            self._object(usage, "usage", line, seq)
+            self._keys(usage, _USAGE_KEYS, "usage", line, seq)
         totals = self.usage
-        added = []
+        added = [0, 0, 0, 0]
         for index, key in enumerate(_USAGE):
-            amount = self._safe_int(usage.get(key), f"usage.{key}", line, seq)
-            if totals[index] > MAX_SAFE_INTEGER - amount:
+            amount = usage.get(key)
+            if type(amount) is not int or not 0 <= amount <= MAX_SAFE_INTEGER:
+                raise _fail("INVALID_FACT", line, seq, f"usage.{key} is not a safe integer")
+            total = totals[index] + amount
+            if total > MAX_SAFE_INTEGER:
                 raise _fail("INVALID_FACT", line, seq, f"usage total {key} would exceed 2^53-1")
-            added.append(totals[index] + amount)
+            added[index] = total
         self.usage = added
