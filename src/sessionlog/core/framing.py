@@ -48,13 +48,10 @@ def line_of(data: bytes, offset: int) -> tuple[int, int]:
 
 
 def check_committed(data: bytes, end: int) -> None:
-    """Whole-prefix checks that precede the line-by-line ones: surrogates, then UTF-8."""
-    found = _SURROGATE.search(data, 0, end)
-    if found is not None:
-        line, start = line_of(data, found.start())
-        raise CorruptionError(
-            "MALFORMED_JSON", line, detail="UTF-8-encoded surrogate code point", offset=start
-        )
+    """Whole-prefix checks that precede the line-by-line ones: surrogates, then UTF-8.
+
+    The strict decoder rejects encoded surrogates too, so a prefix that decodes holds none; only
+    when decoding fails is the prefix searched for a surrogate, which is reported first."""
     view = memoryview(data)
     start = 0
     while start < end:
@@ -62,6 +59,12 @@ def check_committed(data: bytes, end: int) -> None:
         try:
             _, consumed = codecs.utf_8_decode(view[start:stop], "strict", stop == end)
         except UnicodeDecodeError as error:
+            found = _SURROGATE.search(data, 0, end)
+            if found is not None:
+                line, begin = line_of(data, found.start())
+                raise CorruptionError(
+                    "MALFORMED_JSON", line, detail="UTF-8-encoded surrogate code point", offset=begin
+                ) from None
             bad = start + error.start
             line, begin = line_of(data, bad)
             raise CorruptionError(

@@ -15,6 +15,8 @@ compatibility notes).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -391,8 +393,7 @@ class Reducer:
         """Journal the current values of `names` on `target` (call only while journalling)."""
         assert self._undo is not None
         for name in names:
-            old = getattr(target, name)
-            self._undo.append(lambda name=name, old=old: setattr(target, name, old))
+            self._undo.append(functools.partial(setattr, target, name, getattr(target, name)))
 
     # -- per fact ----------------------------------------------------------------------------
 
@@ -495,7 +496,7 @@ class Reducer:
             self._uuid(value, what, line, seq)
         return found
 
-    def _message(self, value: Any, line: int, seq: int) -> dict[str, Any]:
+    def _message(self, value: Any, line: int, seq: int) -> Any:
         """Validate a message and return it as it is: its key set is then exactly the contract's
         (no unknown keys, every required one present), so it equals the normal form."""
         if type(value) is not dict:
@@ -503,12 +504,14 @@ class Reducer:
         role = value.get("role")
         content = value.get("content")
         if role == "user":
-            self._keys(value, _USER_MESSAGE, "user message", line, seq)
+            if not _USER_MESSAGE.issuperset(value):
+                self._keys(value, _USER_MESSAGE, "user message", line, seq)
             if type(content) is not str or not content:
                 raise _fail("INVALID_FACT", line, seq, "user content is not a non-empty string")
             return value
         if role == "tool":
-            self._keys(value, _TOOL_MESSAGE, "tool message", line, seq)
+            if not _TOOL_MESSAGE.issuperset(value):
+                self._keys(value, _TOOL_MESSAGE, "tool message", line, seq)
             if type(content) is not str:
                 raise _fail("INVALID_FACT", line, seq, "tool content is not a string")
             call_id = value.get("tool_call_id")
@@ -517,7 +520,8 @@ class Reducer:
             return value
         if role != "assistant":
             raise _fail("INVALID_FACT", line, seq, f"message role {role!r} is not user, assistant or tool")
-        self._keys(value, _ASSISTANT_MESSAGE, "assistant message", line, seq)
+        if not _ASSISTANT_MESSAGE.issuperset(value):
+            self._keys(value, _ASSISTANT_MESSAGE, "assistant message", line, seq)
         if content is not None and type(content) is not str:
             raise _fail("INVALID_FACT", line, seq, "assistant content is not a string or null")
         if "content" not in value:  # the ports read a missing content as null
@@ -531,13 +535,15 @@ class Reducer:
         for raw in raw_calls:
             if type(raw) is not dict:
                 raise _fail("INVALID_FACT", line, seq, "a tool call is not an object")
-            self._keys(raw, _TOOL_CALL, "tool call", line, seq)
+            if not _TOOL_CALL.issuperset(raw):
+                self._keys(raw, _TOOL_CALL, "tool call", line, seq)
             if raw.get("type") != "function":
                 raise _fail("INVALID_FACT", line, seq, 'tool call type is not "function"')
             function = raw.get("function")
             if type(function) is not dict:
                 raise _fail("INVALID_FACT", line, seq, "tool call function is not an object")
-            self._keys(function, _FUNCTION, "tool call function", line, seq)
+            if not _FUNCTION.issuperset(function):
+                self._keys(function, _FUNCTION, "tool call function", line, seq)
             arguments = function.get("arguments")
             if type(arguments) is not str:
                 raise _fail("INVALID_FACT", line, seq, "tool call arguments is not a string")
@@ -553,8 +559,11 @@ class Reducer:
     # -- entries -----------------------------------------------------------------------------
 
     def _apply_entry(self, fact: dict[str, Any], fact_id: str, line: int, seq: int) -> None:
-        self._keys(fact, _ENTRY_FACT, "entry fact", line, seq)
-        entry = self._object(fact.get("entry"), "entry", line, seq)
+        if not _ENTRY_FACT.issuperset(fact):
+            self._keys(fact, _ENTRY_FACT, "entry fact", line, seq)
+        entry = fact.get("entry")
+        if type(entry) is not dict:
+            raise _fail("INVALID_FACT", line, seq, "entry is not an object")
         entry_type = entry.get("type")
         if entry_type == "message":
             self._apply_message(entry, fact_id, line, seq)
@@ -571,7 +580,8 @@ class Reducer:
         if role == "user":
             if fact_id in self.reserved:
                 raise _fail("DUPLICATE_ID", line, seq, f"user entry id {fact_id} is reserved")
-            self._keys(entry, _USER_ENTRY, "user entry", line, seq)
+            if not _USER_ENTRY.issuperset(entry):
+                self._keys(entry, _USER_ENTRY, "user entry", line, seq)
             info = Entry("message", message, order, through)
         elif role == "assistant":
             info = self._settle_attempt(entry, message, fact_id, line, seq)
@@ -590,9 +600,14 @@ class Reducer:
     ) -> Entry:
         if fact_id in self.reserved:
             raise _fail("DUPLICATE_ID", line, seq, f"assistant entry id {fact_id} is reserved")
-        self._keys(entry, _ASSISTANT_ENTRY, "assistant entry", line, seq)
-        step_id = self._uuid(entry.get("stepId"), "stepId", line, seq)
-        attempt_id = self._uuid(entry.get("attemptId"), "attemptId", line, seq)
+        if not _ASSISTANT_ENTRY.issuperset(entry):
+            self._keys(entry, _ASSISTANT_ENTRY, "assistant entry", line, seq)
+        step_id = entry.get("stepId")
+        if type(step_id) is not str or _UUID7(step_id) is None:
+            raise _fail("INVALID_FACT", line, seq, "stepId is not a UUIDv7")
+        attempt_id = entry.get("attemptId")
+        if type(attempt_id) is not str or _UUID7(attempt_id) is None:
+            raise _fail("INVALID_FACT", line, seq, "attemptId is not a UUIDv7")
         stop = entry.get("stopReason")
         if stop not in ("stop", "toolUse", "length"):
             raise _fail("INVALID_FACT", line, seq, f"stopReason {stop!r} is not stop, toolUse or length")
@@ -632,21 +647,34 @@ class Reducer:
     ) -> Entry:
         pre_execution = "assistantEntryId" in entry or "toolIndex" in entry
         if pre_execution:
-            self._keys(entry, _PRE_EXECUTION_ENTRY, "pre-execution result entry", line, seq)
+            if not _PRE_EXECUTION_ENTRY.issuperset(entry):
+                self._keys(entry, _PRE_EXECUTION_ENTRY, "pre-execution result entry", line, seq)
         else:
-            self._keys(entry, _STARTED_RESULT_ENTRY, "tool result entry", line, seq)
-        step_id = self._uuid(entry.get("stepId"), "stepId", line, seq)
-        result = self._object(entry.get("result"), "result", line, seq)
-        self._keys(result, _RESULT, "result", line, seq)
-        tool_name = self._text(entry.get("toolName"), "toolName", line, seq)
+            if not _STARTED_RESULT_ENTRY.issuperset(entry):
+                self._keys(entry, _STARTED_RESULT_ENTRY, "tool result entry", line, seq)
+        step_id = entry.get("stepId")
+        if type(step_id) is not str or _UUID7(step_id) is None:
+            raise _fail("INVALID_FACT", line, seq, "stepId is not a UUIDv7")
+        result = entry.get("result")
+        if type(result) is not dict:
+            raise _fail("INVALID_FACT", line, seq, "result is not an object")
+        if not _RESULT.issuperset(result):
+            self._keys(result, _RESULT, "result", line, seq)
+        tool_name = entry.get("toolName")
+        if type(tool_name) is not str or not tool_name:
+            raise _fail("INVALID_FACT", line, seq, "toolName is not a non-empty string")
         order = len(self.entries)
         through = len(self.message_ids) + 1
         if pre_execution:
             reason = result.get("reason")
             if result.get("type") != "synthetic" or reason not in PRE_EXECUTION_REASONS:
                 raise _fail("INVALID_FACT", line, seq, "result is not a pre-execution synthetic result")
-            assistant_id = self._uuid(entry.get("assistantEntryId"), "assistantEntryId", line, seq)
-            index = self._safe_int(entry.get("toolIndex"), "toolIndex", line, seq)
+            assistant_id = entry.get("assistantEntryId")
+            if type(assistant_id) is not str or _UUID7(assistant_id) is None:
+                raise _fail("INVALID_FACT", line, seq, "assistantEntryId is not a UUIDv7")
+            index = entry.get("toolIndex")
+            if type(index) is not int or not 0 <= index <= MAX_SAFE_INTEGER:
+                raise _fail("INVALID_FACT", line, seq, "toolIndex is not a safe integer")
             assistant = self.entries.get(assistant_id)
             current = self.current
             if (
@@ -687,7 +715,9 @@ class Reducer:
                 raise _fail("INVALID_TRANSCRIPT", line, seq, "content is not the fixed interrupted text")
         elif "reason" in result:
             raise _fail("INVALID_FACT", line, seq, f"a {result_type} result has a reason")
-        started_id = self._uuid(entry.get("toolStartedId"), "toolStartedId", line, seq)
+        started_id = entry.get("toolStartedId")
+        if type(started_id) is not str or _UUID7(started_id) is None:
+            raise _fail("INVALID_FACT", line, seq, "toolStartedId is not a UUIDv7")
         started = self.tools.get(started_id)
         if (
             started is None
@@ -720,14 +750,17 @@ class Reducer:
     def _apply_compaction(self, entry: dict[str, Any], fact_id: str, line: int, seq: int) -> None:
         if self.reserved.get(fact_id) != _COMPACTION_RESULT:
             raise _fail("INVALID_REFERENCE", line, seq, f"{fact_id} is not a reserved compaction result id")
-        self._keys(entry, _COMPACTION_ENTRY, "compaction entry", line, seq)
+        if not _COMPACTION_ENTRY.issuperset(entry):
+            self._keys(entry, _COMPACTION_ENTRY, "compaction entry", line, seq)
         found = self._running(entry.get("operationId"), "operationId", line, seq)
         current = self.current
         if found.kind != "compaction" or current is not found:
             raise _fail("INVALID_TRANSITION", line, seq, "operationId is not the current compaction")
         if found.result_id != fact_id:
             raise _fail("INVALID_REFERENCE", line, seq, "the compaction reserved another result id")
-        through_id = self._uuid(entry.get("compactedThroughEntryId"), "compactedThroughEntryId", line, seq)
+        through_id = entry.get("compactedThroughEntryId")
+        if type(through_id) is not str or _UUID7(through_id) is None:
+            raise _fail("INVALID_FACT", line, seq, "compactedThroughEntryId is not a UUIDv7")
         through = self.entries.get(through_id)
         if through is None:
             raise _fail(
@@ -744,9 +777,14 @@ class Reducer:
         expected = source.messages_through - first
         retained = []
         for index, raw in enumerate(tail):
-            item = self._object(raw, "a retained message", line, seq)
-            self._keys(item, _RETAINED, "retained message", line, seq)
-            source_id = self._uuid(item.get("sourceEntryId"), "sourceEntryId", line, seq)
+            item = raw
+            if type(item) is not dict:
+                raise _fail("INVALID_FACT", line, seq, "a retained message is not an object")
+            if not _RETAINED.issuperset(item):
+                self._keys(item, _RETAINED, "retained message", line, seq)
+            source_id = item.get("sourceEntryId")
+            if type(source_id) is not str or _UUID7(source_id) is None:
+                raise _fail("INVALID_FACT", line, seq, "sourceEntryId is not a UUIDv7")
             message = self._message(item.get("message"), line, seq)
             kept = self.entries.get(source_id)
             if (
@@ -810,8 +848,11 @@ class Reducer:
     # -- records -----------------------------------------------------------------------------
 
     def _apply_record(self, fact: dict[str, Any], fact_id: str, line: int, seq: int) -> None:
-        self._keys(fact, _RECORD_FACT, "record fact", line, seq)
-        record = self._object(fact.get("record"), "record", line, seq)
+        if not _RECORD_FACT.issuperset(fact):
+            self._keys(fact, _RECORD_FACT, "record fact", line, seq)
+        record = fact.get("record")
+        if type(record) is not dict:
+            raise _fail("INVALID_FACT", line, seq, "record is not an object")
         kind = record.get("type")
         allowed = _RECORD_KEYS.get(kind) if type(kind) is str else None
         if allowed is None or type(kind) is not str:
@@ -844,7 +885,9 @@ class Reducer:
                 "INVALID_TRANSITION", line, seq, "runStarted needs operationKind run and an idle session"
             )
         operation_id = self._reserve(record.get("operationId"), "operationId", line, seq)
-        input_id = self._uuid(record.get("inputEntryId"), "inputEntryId", line, seq)
+        input_id = record.get("inputEntryId")
+        if type(input_id) is not str or _UUID7(input_id) is None:
+            raise _fail("INVALID_FACT", line, seq, "inputEntryId is not a UUIDv7")
         source = self.entries.get(input_id)
         if source is None or source.message is None or source.message["role"] != "user":
             raise _fail(
@@ -861,7 +904,9 @@ class Reducer:
                 "compactionStarted needs operationKind compaction and an idle session",
             )
         operation_id = self._reserve(record.get("operationId"), "operationId", line, seq)
-        input_id = self._uuid(record.get("inputThroughEntryId"), "inputThroughEntryId", line, seq)
+        input_id = record.get("inputThroughEntryId")
+        if type(input_id) is not str or _UUID7(input_id) is None:
+            raise _fail("INVALID_FACT", line, seq, "inputThroughEntryId is not a UUIDv7")
         result_id = self._reserve(record.get("resultEntryId"), "resultEntryId", line, seq, _COMPACTION_RESULT)
         source = self.entries.get(input_id)
         if source is None:
@@ -899,10 +944,8 @@ class Reducer:
         key that skips validation and hashing next time."""
         encoded = b""
         if type(value) is dict:
-            try:
+            with contextlib.suppress(TypeError):  # an integer beyond 64 bits: validate, don't cache
                 encoded = orjson.dumps(value)
-            except TypeError:  # e.g. an integer beyond 64 bits: just validate without caching
-                pass
             cached = self._snapshots.get(encoded)
             if cached is not None:
                 return cached
@@ -912,12 +955,21 @@ class Reducer:
         return known
 
     def _validate_snapshot(self, value: Any, line: int, seq: int) -> tuple[str, dict[str, Any]]:
-        snapshot = self._object(value, "configurationSnapshot", line, seq)
-        self._keys(snapshot, _SNAPSHOT, "configurationSnapshot", line, seq)
-        model = self._text(snapshot.get("model"), "snapshot model", line, seq)
+        snapshot = value
+        if type(snapshot) is not dict:
+            raise _fail("INVALID_FACT", line, seq, "configurationSnapshot is not an object")
+        if not _SNAPSHOT.issuperset(snapshot):
+            self._keys(snapshot, _SNAPSHOT, "configurationSnapshot", line, seq)
+        model = snapshot.get("model")
+        if type(model) is not str or not model:
+            raise _fail("INVALID_FACT", line, seq, "snapshot model is not a non-empty string")
         prompt = snapshot.get("systemPromptDigest")
-        adapter = self._text(snapshot.get("adapterIdentity"), "adapterIdentity", line, seq)
-        routing = self._text(snapshot.get("routingIdentity"), "routingIdentity", line, seq)
+        adapter = snapshot.get("adapterIdentity")
+        if type(adapter) is not str or not adapter:
+            raise _fail("INVALID_FACT", line, seq, "adapterIdentity is not a non-empty string")
+        routing = snapshot.get("routingIdentity")
+        if type(routing) is not str or not routing:
+            raise _fail("INVALID_FACT", line, seq, "routingIdentity is not a non-empty string")
         output = snapshot.get("outputOptionsDigest")
         raw_tools = snapshot.get("tools")
         if (
@@ -931,9 +983,14 @@ class Reducer:
         tools = []
         names = set()
         for raw in raw_tools:
-            tool = self._object(raw, "a snapshot tool", line, seq)
-            self._keys(tool, _SNAPSHOT_TOOL, "snapshot tool", line, seq)
-            name = self._text(tool.get("name"), "tool name", line, seq)
+            tool = raw
+            if type(tool) is not dict:
+                raise _fail("INVALID_FACT", line, seq, "a snapshot tool is not an object")
+            if not _SNAPSHOT_TOOL.issuperset(tool):
+                self._keys(tool, _SNAPSHOT_TOOL, "snapshot tool", line, seq)
+            name = tool.get("name")
+            if type(name) is not str or not name:
+                raise _fail("INVALID_FACT", line, seq, "tool name is not a non-empty string")
             definition = tool.get("definitionDigest")
             if name in names or type(definition) is not str or _DIGEST(definition) is None:
                 raise _fail("INVALID_FACT", line, seq, f"snapshot tool {name!r} is repeated or malformed")
@@ -956,17 +1013,20 @@ class Reducer:
     def _step_attempt(self, record: dict[str, Any], line: int, seq: int) -> None:
         found = self._running(record.get("operationId"), "operationId", line, seq)
         number = self._safe_int(record.get("attempt"), "attempt", line, seq, 1)
+        step_id: str = record.get("stepId")  # type: ignore[assignment]
         if number == 1:
-            step_id = self._reserve(record.get("stepId"), "stepId", line, seq)
-        else:
-            step_id = self._uuid(record.get("stepId"), "stepId", line, seq)
+            self._reserve(step_id, "stepId", line, seq)
+        elif type(step_id) is not str or _UUID7(step_id) is None:
+            raise _fail("INVALID_FACT", line, seq, "stepId is not a UUIDv7")
         attempt_id = self._reserve(record.get("attemptId"), "attemptId", line, seq)
         kind = record.get("stepKind")
         if number > 2 or kind not in ("assistant", "compaction"):
             raise _fail("INVALID_FACT", line, seq, "attempt is not 1 or 2, or stepKind is unknown")
         if kind != ("assistant" if found.kind == "run" else "compaction"):
             raise _fail("INVALID_TRANSITION", line, seq, f"a {found.kind} cannot take a {kind} step")
-        context_id = self._uuid(record.get("contextThroughEntryId"), "contextThroughEntryId", line, seq)
+        context_id = record.get("contextThroughEntryId")
+        if type(context_id) is not str or _UUID7(context_id) is None:
+            raise _fail("INVALID_FACT", line, seq, "contextThroughEntryId is not a UUIDv7")
         if context_id not in self.entries:
             raise _fail("INVALID_REFERENCE", line, seq, f"contextThroughEntryId {context_id} is not an entry")
         if number == 1 and context_id != self.boundary:
@@ -1046,7 +1106,9 @@ class Reducer:
 
     def _step_failed(self, record: dict[str, Any], line: int, seq: int) -> None:
         found = self._running(record.get("operationId"), "operationId", line, seq)
-        attempt_id = self._uuid(record.get("attemptId"), "attemptId", line, seq)
+        attempt_id = record.get("attemptId")
+        if type(attempt_id) is not str or _UUID7(attempt_id) is None:
+            raise _fail("INVALID_FACT", line, seq, "attemptId is not a UUIDv7")
         attempt = self.attempts.get(attempt_id)
         self._error(record.get("error"), line, seq)
         if (
@@ -1062,8 +1124,11 @@ class Reducer:
         attempt.failed = True
 
     def _error(self, value: Any, line: int, seq: int) -> None:
-        error = self._object(value, "error", line, seq)
-        self._keys(error, _ERROR, "error", line, seq)
+        error = value
+        if type(error) is not dict:
+            raise _fail("INVALID_FACT", line, seq, "error is not an object")
+        if not _ERROR.issuperset(error):
+            self._keys(error, _ERROR, "error", line, seq)
         self._text(error.get("code"), "error code", line, seq)
         self._text(error.get("message"), "error message", line, seq)
 
@@ -1071,15 +1136,23 @@ class Reducer:
         found = self._running(record.get("operationId"), "operationId", line, seq)
         if found.kind != "run" or self.current is not found:
             raise _fail("INVALID_TRANSITION", line, seq, "toolStarted names no current run")
-        assistant_id = self._uuid(record.get("assistantEntryId"), "assistantEntryId", line, seq)
+        assistant_id = record.get("assistantEntryId")
+        if type(assistant_id) is not str or _UUID7(assistant_id) is None:
+            raise _fail("INVALID_FACT", line, seq, "assistantEntryId is not a UUIDv7")
         assistant = self.entries.get(assistant_id)
         if assistant is None or assistant.stop_reason != "toolUse" or assistant.operation_id != found.id:
             raise _fail(
                 "INVALID_REFERENCE", line, seq, f"{assistant_id} is not a toolUse assistant entry of this run"
             )
-        index = self._safe_int(record.get("toolIndex"), "toolIndex", line, seq)
-        call_id = self._text(record.get("toolCallId"), "toolCallId", line, seq)
-        name = self._text(record.get("toolName"), "toolName", line, seq)
+        index = record.get("toolIndex")
+        if type(index) is not int or not 0 <= index <= MAX_SAFE_INTEGER:
+            raise _fail("INVALID_FACT", line, seq, "toolIndex is not a safe integer")
+        call_id = record.get("toolCallId")
+        if type(call_id) is not str or not call_id:
+            raise _fail("INVALID_FACT", line, seq, "toolCallId is not a non-empty string")
+        name = record.get("toolName")
+        if type(name) is not str or not name:
+            raise _fail("INVALID_FACT", line, seq, "toolName is not a non-empty string")
         self._call_at(assistant, index, call_id, name, line, seq)
         step_id = record.get("stepId")
         if assistant.step_id != step_id:
@@ -1087,12 +1160,18 @@ class Reducer:
         pair = (assistant_id, index)
         if pair in self.outcomes:
             raise _fail("INVALID_TRANSITION", line, seq, f"tool call {index} already has an outcome")
-        arguments = self._object(record.get("arguments"), "arguments", line, seq)
+        arguments = record.get("arguments")
+        if type(arguments) is not dict:
+            raise _fail("INVALID_FACT", line, seq, "arguments is not an object")
         replay = record.get("replay")
         if replay not in ("safe", "never"):
             raise _fail("INVALID_FACT", line, seq, f"replay {replay!r} is not safe or never")
-        replay_key = self._text(record.get("replayKey"), "replayKey", line, seq)
-        environment = self._text(record.get("environmentIdentity"), "environmentIdentity", line, seq)
+        replay_key = record.get("replayKey")
+        if type(replay_key) is not str or not replay_key:
+            raise _fail("INVALID_FACT", line, seq, "replayKey is not a non-empty string")
+        environment = record.get("environmentIdentity")
+        if type(environment) is not str or not environment:
+            raise _fail("INVALID_FACT", line, seq, "environmentIdentity is not a non-empty string")
         attempt = self.attempts.get(assistant.attempt_id or "")
         if attempt is None or not any(tool["name"] == name for tool in attempt.snapshot["tools"]):
             raise _fail(
@@ -1179,7 +1258,9 @@ class Reducer:
             raise _fail("INVALID_FACT", line, seq, "a completed run needs completion normal or truncated")
         if found.kind == "compaction" and "completion" in record:
             raise _fail("INVALID_FACT", line, seq, "a completed compaction has no completion")
-        final_id = self._uuid(record.get("finalEntryId"), "finalEntryId", line, seq)
+        final_id = record.get("finalEntryId")
+        if type(final_id) is not str or _UUID7(final_id) is None:
+            raise _fail("INVALID_FACT", line, seq, "finalEntryId is not a UUIDv7")
         info = self.entries.get(final_id)
         if info is None or info.operation_id != found.id:
             raise _fail(
@@ -1220,7 +1301,7 @@ class Reducer:
             self._keys(fact, _USAGE_FACT, "usage fact", line, seq)
         operation_id = fact.get("operationId")
         if self._known(self.operations, operation_id, "operationId", line, seq) is None:
-            raise _fail("INVALID_REFERENCE", line, seq, f"operationId {operation_id} is not a known operation")
+            raise _fail("INVALID_REFERENCE", line, seq, f"operationId {operation_id} is not an operation")
         has_attempt = "attemptId" in fact
         if has_attempt == ("toolStartedId" in fact):
             raise _fail("INVALID_FACT", line, seq, "usage names exactly one of attemptId and toolStartedId")
@@ -1236,8 +1317,9 @@ class Reducer:
                 )
         usage = fact.get("usage")
         if type(usage) is not dict or not _USAGE_KEYS.issuperset(usage):
-            self._object(usage, "usage", line, seq)
-            self._keys(usage, _USAGE_KEYS, "usage", line, seq)
+            raise _fail("INVALID_FACT", line, seq, "usage is not an object")
+            if not _USAGE_KEYS.issuperset(usage):
+                self._keys(usage, _USAGE_KEYS, "usage", line, seq)
         totals = self.usage
         added = [0, 0, 0, 0]
         for index, key in enumerate(_USAGE):
