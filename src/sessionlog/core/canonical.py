@@ -58,8 +58,40 @@ def _encode(value: Any, out: list[bytes], strings_only: bool) -> None:
         raise ValueError(f"{kind.__name__} has no canonical form")
 
 
+def _plain(value: Any, strings_only: bool) -> bool:
+    """Whether orjson's sorted encoding is already canonical: every key ASCII (so code-point
+    order is UTF-16 order), every number a safe integer, nothing outside JSON. False sends the
+    value down the exact, slower path, which also names what is wrong."""
+    stack = [value]
+    pop, push = stack.pop, stack.append
+    while stack:
+        item = pop()
+        kind = type(item)
+        if kind is str:
+            continue
+        if kind is dict:
+            for key, child in item.items():
+                if type(key) is not str or not key.isascii():
+                    return False
+                push(child)
+        elif kind is list:
+            stack.extend(item)
+        elif strings_only:
+            return False
+        elif item is None or kind is bool:
+            continue
+        elif kind is not int or not -MAX_SAFE_INTEGER <= item <= MAX_SAFE_INTEGER:
+            return False
+    return True
+
+
 def canonical(value: Any, *, strings_only: bool = False) -> bytes:
     """The canonical encoding of `value`; ValueError for anything outside the domain."""
+    if _plain(value, strings_only):
+        try:
+            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+        except orjson.JSONEncodeError as error:  # a lone surrogate, or nesting orjson refuses
+            raise ValueError(f"no canonical form: {error}") from None
     out: list[bytes] = []
     _encode(value, out, strings_only)
     return b"".join(out)
