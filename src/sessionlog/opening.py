@@ -7,7 +7,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+# Import the subpackage `sessionlog.backends` before `sessionlog/__init__.py` binds the function
+# `backends`: the first import of a subpackage sets the parent's attribute, so the registry's later
+# import of `sessionlog.backends.jsonl` would otherwise replace the function with the package.
+from . import backends as _backend_modules  # noqa: F401
 from .core.commit import encode_header
+from .core.framing import DEFAULT_MAX_LINE_BYTES
 from .core.store import BackendInfo, SessionStore
 from .plugins.registry import Registry, default_registry
 
@@ -52,22 +57,34 @@ def create(
     environment_identity: str | None = None,
     session_id: str | None = None,
     registry: Registry | None = None,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     **options: Any,
 ) -> SessionStore:
-    """Create a new session atomically; SessionExistsError if one is there already."""
+    """Create a new session atomically; SessionExistsError if one is there already.
+    `max_line_bytes`: the longest line the store reads (a longer one is CorruptionError) and
+    writes (a longer commit is ValidationError); default 64 MiB."""
     factory, info = _resolve(backend, "sync", registry)
     path = Path(path)
     header = _header(provider, model, cwd, environment_identity, session_id)
-    return SessionStore.open_backend(factory(path, create=header, **options), path, info)
+    return SessionStore.open_backend(
+        factory(path, create=header, **options), path, info, max_line_bytes=max_line_bytes
+    )
 
 
 def open(
-    path: str | os.PathLike[str], backend: str = "jsonl", *, registry: Registry | None = None, **options: Any
+    path: str | os.PathLike[str],
+    backend: str = "jsonl",
+    *,
+    registry: Registry | None = None,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    **options: Any,
 ) -> SessionStore:
     """Open an existing session: repairs a torn tail, refuses a corrupted log (CorruptionError)."""
     factory, info = _resolve(backend, "sync", registry)
     path = Path(path)
-    return SessionStore.open_backend(factory(path, create=None, **options), path, info)
+    return SessionStore.open_backend(
+        factory(path, create=None, **options), path, info, max_line_bytes=max_line_bytes
+    )
 
 
 async def create_async(
@@ -80,6 +97,7 @@ async def create_async(
     environment_identity: str | None = None,
     session_id: str | None = None,
     registry: Registry | None = None,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     **options: Any,
 ) -> AsyncSessionStore:
     """`create` for async backends."""
@@ -90,7 +108,9 @@ async def create_async(
     header = _header(provider, model, cwd, environment_identity, session_id)
     store_options, backend_options = AsyncSessionStore.split_options(options)
     opened = await factory(path, create=header, **backend_options)
-    return await AsyncSessionStore.open_backend(opened, path, info, **store_options)
+    return await AsyncSessionStore.open_backend(
+        opened, path, info, max_line_bytes=max_line_bytes, **store_options
+    )
 
 
 async def open_async(
@@ -98,6 +118,7 @@ async def open_async(
     backend: str = "jsonl-async",
     *,
     registry: Registry | None = None,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     **options: Any,
 ) -> AsyncSessionStore:
     """`open` for async backends."""
@@ -107,4 +128,6 @@ async def open_async(
     path = Path(path)
     store_options, backend_options = AsyncSessionStore.split_options(options)
     opened = await factory(path, create=None, **backend_options)
-    return await AsyncSessionStore.open_backend(opened, path, info, **store_options)
+    return await AsyncSessionStore.open_backend(
+        opened, path, info, max_line_bytes=max_line_bytes, **store_options
+    )

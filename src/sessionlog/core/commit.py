@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from .errors import ContractError, ValidationError
+from .framing import DEFAULT_MAX_LINE_BYTES
 from .ids import new_id
 from .reducer import Reducer
 from .state import SessionState
@@ -63,17 +64,31 @@ def encode_header(
 class CommitPipeline:
     """Owns the reducer of an open store and the order of its transactions."""
 
-    def __init__(self, reducer: Reducer, length: int, lines: int) -> None:
+    def __init__(
+        self, reducer: Reducer, length: int, lines: int, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    ) -> None:
         self.reducer = reducer
+        self.max_line_bytes = max_line_bytes  # a longer line would not read back: refuse to write it
         self.length = length  # acknowledged bytes
         self.lines = lines  # acknowledged lines, the header included
         self._pending: deque[Prepared] = deque()
+        self._pending_bytes = 0  # bytes of the pending lines: an async store may queue thousands
+        # False: forget how to undo a transaction as soon as it validated, so `abandon` is
+        # impossible. For a store that never uses the pipeline again after a failed write (the
+        # async store): the undo journal is most of what a queued transaction keeps alive, and
+        # the cyclic GC would scan it again and again while the queue waits for its write.
+        self.undoable = True
 
     @property
     def pending(self) -> int:
         return len(self._pending)
 
-    def prepare(self, facts: Iterable[Mapping[str, Any]], *, keep_state: bool = False) -> Prepared:
+    def prepare(
+        self, facts: Iterable[Mapping[str, Any]], *, keep_state: bool | Callable[[int], bool] = False
+    ) -> Prepared:
+        """`keep_state`: snapshot the state before this transaction, for `state()` while it is in
+        flight; a callable decides from the encoded line's length (a store that writes batches
+        needs the snapshot only where a batch begins)."""
         if isinstance(facts, Mapping):
             raise TypeError("commit takes a list of facts (one transaction), not a single fact")
         reducer = self.reducer
@@ -109,8 +124,16 @@ class CommitPipeline:
             raise ValidationError(
                 "INVALID_FACT", line_number, None, f"not encodable as JSON: {error}"
             ) from None
-        in_flight = sum(len(pending.line) for pending in self._pending)
-        state_before = SessionState(reducer, self.length + in_flight) if keep_state else None
+        if len(line) - 1 > self.max_line_bytes:
+            raise ValidationError(
+                "MALFORMED_JSON",
+                line_number,
+                None,
+                f"the line would be {len(line) - 1} bytes, above the maximum of {self.max_line_bytes}",
+            )
+        if not isinstance(keep_state, bool):
+            keep_state = keep_state(len(line))
+        state_before = SessionState(reducer, self.length + self._pending_bytes) if keep_state else None
         mark = reducer.begin()
         try:
             # Validate exactly what will be stored: fresh objects the caller cannot mutate later.
@@ -121,8 +144,12 @@ class CommitPipeline:
         except BaseException:
             reducer.rollback(mark)
             raise
+        if not self.undoable:
+            reducer.release()
+            mark = -1
         prepared = Prepared(committed, line, mark, state_before)
         self._pending.append(prepared)
+        self._pending_bytes += len(line)
         return prepared
 
     def acknowledge(self, prepared: Prepared) -> None:
@@ -130,6 +157,7 @@ class CommitPipeline:
         if not self._pending or self._pending[0] is not prepared:
             raise RuntimeError("transactions are acknowledged in the order they were prepared")
         self._pending.popleft()
+        self._pending_bytes -= len(prepared.line)
         self.length += len(prepared.line)
         self.lines += 1
         if not self._pending:
@@ -137,10 +165,13 @@ class CommitPipeline:
 
     def abandon(self, prepared: Prepared) -> list[Prepared]:
         """Undo `prepared` and every transaction prepared after it; return them, oldest first."""
+        if prepared.mark < 0:
+            raise RuntimeError("this pipeline keeps no undo journal (undoable=False)")
         index = self._pending.index(prepared)
         dropped = list(self._pending)[index:]
-        for _ in dropped:
+        for dropped_one in dropped:
             self._pending.pop()
+            self._pending_bytes -= len(dropped_one.line)
         self.reducer.rollback(prepared.mark)
         return dropped
 

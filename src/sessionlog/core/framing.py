@@ -13,6 +13,12 @@ Checks run in the contract's order: no LF at all -> MISSING_HEADER; a UTF-8-enco
 CRLF_NOT_ALLOWED, MALFORMED_JSON (not JSON, NaN/Infinity, a number that overflows a double, a
 duplicated key at any depth, an escaped lone surrogate).
 
+Two limits keep hostile input a CorruptionError instead of exhausted memory or a crashed
+interpreter: a line longer than `max_line_bytes` (default 64 MiB) is refused before it is copied
+or parsed, and a value nested deeper than `MAX_NESTING_DEPTH` arrays/objects is MALFORMED_JSON
+(the contract sets no depth; without a fixed one the outcome of a very deep line would depend on
+the caller's stack depth).
+
 The fast path parses with orjson and proves the line free of duplicate keys by re-encoding it: a
 compact line that survives `dumps(loads(line)) == line` cannot hold one (equal text, equal syntax
 tree, and a dict has no duplicates). Lines written by other encoders (spaces, escaped `/`, big
@@ -32,6 +38,7 @@ import orjson
 from .errors import CorruptionError
 
 DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
+MAX_NESTING_DEPTH = 512
 
 _SURROGATE = re.compile(rb"\xed[\xa0-\xbf][\x80-\xbf]")
 _UTF8_CHUNK = 1 << 20
@@ -73,36 +80,47 @@ def check_committed(data: bytes, end: int) -> None:
         start += consumed  # a character cut by the chunk's end is decoded with the next chunk
 
 
-def lines(data: bytes, end: int) -> Iterator[tuple[int, int, bytes]]:
-    """(line number, byte offset of the line, line bytes without the LF) for data[:end]."""
+def lines(data: bytes, end: int, max_line_bytes: int | None = None) -> Iterator[tuple[int, int, bytes]]:
+    """(line number, byte offset of the line, line bytes without the LF) for data[:end]. A line
+    longer than `max_line_bytes` is refused here, before it is copied."""
     find = data.find
     start = 0
     number = 1
     while start < end:
         stop = find(b"\n", start, end)
+        if max_line_bytes is not None and stop - start > max_line_bytes:
+            _refuse_long(number, start, stop - start, data[stop - 1] == 13, max_line_bytes)
         yield number, start, data[start:stop]
         start = stop + 1
         number += 1
+
+
+def _refuse_long(line: int, offset: int, size: int, ends_in_cr: bool, max_line_bytes: int) -> None:
+    if ends_in_cr:  # the contract checks CR before JSON
+        raise CorruptionError("CRLF_NOT_ALLOWED", line, detail="line ends in CR", offset=offset)
+    raise CorruptionError(
+        "MALFORMED_JSON",
+        line,
+        detail=f"line of {size} bytes exceeds the maximum of {max_line_bytes}",
+        offset=offset,
+    )
 
 
 def parse_line(raw: bytes, line: int, offset: int, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Any:
     """One committed line to its JSON value, or CorruptionError naming the line and its offset."""
     if not raw:
         raise CorruptionError("BLANK_LINE", line, detail="empty line", offset=offset)
-    if raw[-1] == 13:
-        raise CorruptionError("CRLF_NOT_ALLOWED", line, detail="line ends in CR", offset=offset)
-    if len(raw) > max_line_bytes:
-        raise CorruptionError(
-            "MALFORMED_JSON",
-            line,
-            detail=f"line of {len(raw)} bytes exceeds the maximum of {max_line_bytes}",
-            offset=offset,
-        )
+    if len(raw) > max_line_bytes or raw[-1] == 13:
+        _refuse_long(line, offset, len(raw), raw[-1] == 13, max_line_bytes)
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return _parse_strict(raw, line, offset)
-    if orjson.dumps(value) != raw:
+    try:
+        compact = orjson.dumps(value)
+    except orjson.JSONEncodeError:  # nested deeper than orjson encodes (254)
+        return _parse_strict(raw, line, offset)
+    if compact != raw:
         return _parse_strict(raw, line, offset)
     return value
 
@@ -127,19 +145,23 @@ def _finite(text: str) -> float:
     return value
 
 
-def _has_lone_surrogate(value: Any) -> bool:
-    stack = [value]
+def _check_value(value: Any) -> None:
+    """Lone surrogates and nesting depth, without recursion."""
+    stack = [(value, 0)]
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
         if isinstance(item, str):
             if _LONE_SURROGATE.search(item):
-                return True
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            stack.extend(item)
-            stack.extend(item.values())
-    return False
+                raise ValueError("escaped lone surrogate")
+        elif isinstance(item, list | dict):
+            depth += 1
+            if depth > MAX_NESTING_DEPTH:
+                raise ValueError(f"nesting deeper than {MAX_NESTING_DEPTH}")
+            if isinstance(item, dict):
+                stack.extend((key, depth) for key in item)
+                stack.extend((child, depth) for child in item.values())
+            else:
+                stack.extend((child, depth) for child in item)
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -153,9 +175,10 @@ def _parse_strict(raw: bytes, line: int, offset: int) -> Any:
             parse_constant=_no_constant,
             parse_float=_finite,
         )
-        if _has_lone_surrogate(value):
-            raise ValueError("escaped lone surrogate")
+        _check_value(value)
     except (ValueError, RecursionError) as error:
-        detail = "nesting too deep" if isinstance(error, RecursionError) else str(error)
+        detail = (
+            f"nesting deeper than {MAX_NESTING_DEPTH}" if isinstance(error, RecursionError) else str(error)
+        )
         raise CorruptionError("MALFORMED_JSON", line, detail=detail, offset=offset) from error
     return value

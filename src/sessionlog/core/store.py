@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol, Self
 
 from .commit import CommitPipeline
 from .errors import StoreClosedError, StorePoisonedError
+from .framing import DEFAULT_MAX_LINE_BYTES
 from .loading import load
 from .state import SessionState
 
@@ -70,11 +71,21 @@ SyncFactory = Callable[..., SyncBackend]
 AsyncFactory = Callable[..., Awaitable[AsyncBackend]]
 
 
-def reduce_stored(data: bytes, path: Path) -> tuple[CommitPipeline, int]:
-    """The stored bytes of a backend to a pipeline; returns it and the committed length."""
-    reducer, end = load(data, path=path)
+def check_max_line_bytes(value: object) -> int:
+    if type(value) is not int or value < 1:
+        raise ValueError(f"max_line_bytes must be a positive integer, not {value!r}")
+    return value
+
+
+def reduce_stored(
+    data: bytes, path: Path, *, nul_tail: bool = False, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+) -> tuple[CommitPipeline, int]:
+    """The stored bytes of a backend to a pipeline; returns it and the committed length.
+    `nul_tail` only for the power class (`core.loading`); the pipeline refuses to write a line
+    longer than `max_line_bytes`, which the same store could not read back."""
+    reducer, end = load(data, path=path, max_line_bytes=max_line_bytes, nul_tail=nul_tail)
     lines = data.count(b"\n", 0, end)
-    return CommitPipeline(reducer, end, lines), end
+    return CommitPipeline(reducer, end, lines, max_line_bytes=max_line_bytes), end
 
 
 class SessionStore:
@@ -93,11 +104,22 @@ class SessionStore:
         self.info = info
 
     @classmethod
-    def open_backend(cls, backend: SyncBackend, path: Path, info: BackendInfo) -> SessionStore:
-        """Reduce what `backend` holds (repairing a torn tail) and wrap it; closes it on error."""
+    def open_backend(
+        cls,
+        backend: SyncBackend,
+        path: Path,
+        info: BackendInfo,
+        *,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    ) -> SessionStore:
+        """Reduce what `backend` holds (repairing a torn tail, and in the power class a
+        NUL-bearing last line) and wrap it; closes it on error."""
         try:
+            check_max_line_bytes(max_line_bytes)
             data = backend.read()
-            pipeline, end = reduce_stored(data, path)
+            pipeline, end = reduce_stored(
+                data, path, nul_tail=info.durability == "power", max_line_bytes=max_line_bytes
+            )
             if end < len(data):
                 backend.truncate(end)
         except BaseException:
