@@ -8,9 +8,10 @@ The file is the log itself: a header line, then one LF-terminated transaction pe
   temp file and then the directory are fsynced, so the new name survives power loss.
 * open: O_NOFOLLOW (a symlink is refused), must be a regular file.
 * append: one `write` loop of the whole line (a short write is continued, never split into two
-  records); the power class then `fdatasync`s. Whoever sees an error must stop using the file:
-  after a failed fsync the kernel may have dropped the dirty pages, so a retry could report
-  success for data that is gone. The store poisons itself and never calls again.
+  records; `append_many` does the same for several whole lines at once); the power class then
+  `fdatasync`s. Whoever sees an error must stop using the file: after a failed fsync the kernel
+  may have dropped the dirty pages, so a retry could report success for data that is gone. The
+  store poisons itself and never calls again.
 * one writer per file per process, keyed by (device, inode); `lock=True` adds a cross-process
   `flock` for writers in other processes.
 
@@ -20,11 +21,13 @@ default is the `os` functions themselves.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import stat
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..core.errors import SessionExistsError, SessionLockedError, SessionNotFoundError, SessionPathError
@@ -89,10 +92,10 @@ class JsonlFile:
             raise SessionNotFoundError(
                 errno.ENOENT, f"no directory for the session: {directory}", str(directory)
             )
-        if os.path.lexists(path):
-            raise SessionExistsError(errno.EEXIST, f"a session already exists: {path}", str(path))
+        _check_free(path)
         temp = directory / f".{path.name}.{os.getpid()}.{threading.get_ident()}.creating"
         fd = ops.open(temp, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, _MODE)
+        linked = False
         try:
             _write_all(ops, fd, header)
             if sync:
@@ -104,11 +107,15 @@ class JsonlFile:
                     errno.EEXIST, f"a session already exists: {path}", str(path)
                 ) from None
             finally:
+                linked = True  # the temp name goes now, whether the link succeeded or not
                 ops.unlink(temp)
             if sync:
                 ops.fsync_directory(directory)
             return cls._claim(path, fd, sync=sync, lock=lock, ops=ops)
         except BaseException:
+            if not linked:  # a failed header write or sync must not leave the temp file behind
+                with contextlib.suppress(OSError):
+                    ops.unlink(temp)
             ops.close(fd)
             raise
 
@@ -182,6 +189,11 @@ class JsonlFile:
         if self._sync:
             self._ops.fdatasync(self._fd)
 
+    def append_many(self, lines: Sequence[bytes]) -> None:
+        """Several whole transaction lines with one write loop (and one fdatasync in the power
+        class): group commit, so that concurrent commits share one system call and one sync."""
+        self.append(b"".join(lines))
+
     def close(self) -> None:
         fd, self._fd = self._fd, -1
         if fd < 0:
@@ -189,6 +201,21 @@ class JsonlFile:
         with _writers_lock:
             _writers.discard(self._key)
         self._ops.close(fd)  # also releases a flock
+
+
+def _check_free(path: Path) -> None:
+    """Nothing may be at `path` yet; a symlink or a directory there is a path error, not a session."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(mode):
+        raise SessionPathError(errno.ELOOP, f"refusing a symlink as a session: {path}", str(path))
+    if stat.S_ISDIR(mode):
+        raise SessionPathError(errno.EISDIR, f"a directory is not a session: {path}", str(path))
+    if not stat.S_ISREG(mode):
+        raise SessionPathError(errno.EINVAL, f"not a regular file: {path}", str(path))
+    raise SessionExistsError(errno.EEXIST, f"a session already exists: {path}", str(path))
 
 
 def _write_all(ops: FileOps, fd: int, data: bytes) -> None:

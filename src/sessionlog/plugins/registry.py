@@ -78,7 +78,9 @@ class Registry(Mapping[str, BackendInfo]):
             raise UnknownBackendError(name, self._infos) from None
 
     def __getitem__(self, name: str) -> BackendInfo:
-        return self.info(name)
+        # A plain KeyError: `in` and `get` of the Mapping protocol rely on it. `info` and
+        # `factory` (what opening uses) raise UnknownBackendError, which lists the names.
+        return self._infos[name]
 
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self._infos))
