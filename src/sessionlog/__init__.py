@@ -25,6 +25,15 @@ from .core.planner import plan_recovery
 from .core.state import SessionState, Usage
 from .core.store import BackendInfo, SessionStore
 from .opening import backends, create, create_async, open, open_async
+from .recovery import (
+    ToolStart,
+    facts_for_plan,
+    needs_caller,
+    recover,
+    recover_async,
+    start_step_facts,
+    start_tool_facts,
+)
 
 __all__ = [
     "BackendInfo",
@@ -39,6 +48,7 @@ __all__ = [
     "SessionStore",
     "StoreClosedError",
     "StorePoisonedError",
+    "ToolStart",
     "UnknownBackendError",
     "Usage",
     "ValidationError",
@@ -48,10 +58,16 @@ __all__ = [
     "create",
     "create_async",
     "encode_header",
+    "facts_for_plan",
+    "needs_caller",
     "new_id",
     "open",
     "open_async",
     "plan_recovery",
+    "recover",
+    "recover_async",
     "reduce_bytes",
     "source_digest",
+    "start_step_facts",
+    "start_tool_facts",
 ]
