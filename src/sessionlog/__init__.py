@@ -4,6 +4,7 @@ Every accepted prompt, model attempt, tool intent, tool result, usage figure and
 written before the effect it describes, in the canonical v2 session contract of tiny-agent.
 """
 
+from .core.async_store import AsyncSessionStore
 from .core.canonical import canonical, configuration_digest, source_digest
 from .core.commit import encode_header
 from .core.errors import (
@@ -36,6 +37,7 @@ from .recovery import (
 )
 
 __all__ = [
+    "AsyncSessionStore",
     "BackendInfo",
     "ContractError",
     "CorruptionError",

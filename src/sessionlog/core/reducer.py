@@ -120,6 +120,8 @@ _RECORD_KEYS = {
     ),
 }
 
+# A validated configuration snapshot: (its digest, its normal form, the tool names it declares).
+Snapshot = tuple[str, dict[str, Any], frozenset[str]]
 _SNAPSHOT_CACHE = 256  # distinct snapshot encodings remembered per session
 
 # Reservation kinds: what a reserved id may later become.
@@ -168,6 +170,7 @@ class Attempt:
         "attempt_id",
         "closed",
         "context_id",
+        "declared",
         "digest",
         "failed",
         "kind",
@@ -189,6 +192,7 @@ class Attempt:
         context_id: str,
         snapshot: dict[str, Any],
         digest: str,
+        declared: frozenset[str],
     ) -> None:
         self.operation_id = operation_id
         self.step_id = step_id
@@ -198,6 +202,7 @@ class Attempt:
         self.context_id = context_id
         self.snapshot = snapshot
         self.digest = digest
+        self.declared = declared  # the tool names of the snapshot
         self.closed = False
         self.failed = False
         self.settled_id: str | None = None
@@ -220,6 +225,7 @@ class Operation:
         "input_id",
         "kind",
         "latest_step_id",
+        "pending",
         "result_id",
         "step",
         "tool_calls",
@@ -234,6 +240,7 @@ class Operation:
         self.latest_step_id: str | None = None
         self.step: Attempt | None = None  # the latest attempt
         self.tool_calls: list[dict[str, Any]] = []  # tool intents, in the state's public form
+        self.pending = 0  # how many of them have no result yet
         self.abort_requested = False
 
 
@@ -293,8 +300,8 @@ class Reducer:
         self.outcomes: set[tuple[str, int]] = set()  # (assistant entry id, toolIndex) with an outcome
         self.current: Operation | None = None
         self.last_timestamp = 0  # the largest fact timestamp so far
-        self._digests: dict[tuple[Any, ...], tuple[str, dict[str, Any]]] = {}
-        self._snapshots: dict[bytes, tuple[str, dict[str, Any]]] = {}
+        self._digests: dict[tuple[Any, ...], Snapshot] = {}
+        self._snapshots: dict[bytes, Snapshot] = {}
         self._undo: list[Callable[[], object]] | None = None
 
     # -- transactions ------------------------------------------------------------------------
@@ -426,7 +433,7 @@ class Reducer:
             raise _fail("DUPLICATE_ID", line, seq, f"id {fact_id} is reserved for another fact")
         self.ids.add(fact_id)
         if self._undo is not None:
-            self._undo.append(lambda: self.ids.discard(fact_id))
+            self._undo.append(functools.partial(self.ids.discard, fact_id))
         self.next_seq = seq + 1
         if timestamp > self.last_timestamp:
             self.last_timestamp = timestamp
@@ -471,13 +478,13 @@ class Reducer:
             raise _fail("DUPLICATE_ID", line, seq, f"{what} {value} is already a fact id or reserved")
         self.reserved[value] = kind
         if self._undo is not None:
-            self._undo.append(lambda: self.reserved.pop(value))
+            self._undo.append(functools.partial(self.reserved.pop, value))
         return value
 
     def _release(self, key: str) -> None:
         kind = self.reserved.pop(key)
         if self._undo is not None:
-            self._undo.append(lambda: self.reserved.__setitem__(key, kind))
+            self._undo.append(functools.partial(self.reserved.__setitem__, key, kind))
 
     def _running(self, value: Any, what: str, line: int, seq: int) -> Operation:
         # Only valid ids are keys, so a hit needs no UUID check; a miss decides the code.
@@ -593,7 +600,7 @@ class Reducer:
         self.message_ids.append(fact_id)
         self.entries[fact_id] = info
         if self._undo is not None:
-            self._undo.append(lambda: self.entries.pop(fact_id))
+            self._undo.append(functools.partial(self.entries.pop, fact_id))
 
     def _settle_attempt(
         self, entry: dict[str, Any], message: dict[str, Any], fact_id: str, line: int, seq: int
@@ -603,15 +610,16 @@ class Reducer:
         if not _ASSISTANT_ENTRY.issuperset(entry):
             self._keys(entry, _ASSISTANT_ENTRY, "assistant entry", line, seq)
         step_id = entry.get("stepId")
-        if type(step_id) is not str or _UUID7(step_id) is None:
-            raise _fail("INVALID_FACT", line, seq, "stepId is not a UUIDv7")
         attempt_id = entry.get("attemptId")
-        if type(attempt_id) is not str or _UUID7(attempt_id) is None:
-            raise _fail("INVALID_FACT", line, seq, "attemptId is not a UUIDv7")
+        attempt = self.attempts.get(attempt_id) if type(attempt_id) is str else None
+        if attempt is None or attempt.step_id != step_id:  # a hit proves both are valid ids
+            if type(step_id) is not str or _UUID7(step_id) is None:
+                raise _fail("INVALID_FACT", line, seq, "stepId is not a UUIDv7")
+            if type(attempt_id) is not str or _UUID7(attempt_id) is None:
+                raise _fail("INVALID_FACT", line, seq, "attemptId is not a UUIDv7")
         stop = entry.get("stopReason")
         if stop not in ("stop", "toolUse", "length"):
             raise _fail("INVALID_FACT", line, seq, f"stopReason {stop!r} is not stop, toolUse or length")
-        attempt = self.attempts.get(attempt_id)
         if attempt is None or attempt.step_id != step_id or attempt.closed or attempt.kind != "assistant":
             raise _fail(
                 "INVALID_REFERENCE",
@@ -653,7 +661,11 @@ class Reducer:
             if not _STARTED_RESULT_ENTRY.issuperset(entry):
                 self._keys(entry, _STARTED_RESULT_ENTRY, "tool result entry", line, seq)
         step_id = entry.get("stepId")
-        if type(step_id) is not str or _UUID7(step_id) is None:
+        started_id = entry.get("toolStartedId")
+        started = None if pre_execution or type(started_id) is not str else self.tools.get(started_id)
+        if (started is None or started["stepId"] != step_id) and (
+            type(step_id) is not str or _UUID7(step_id) is None
+        ):
             raise _fail("INVALID_FACT", line, seq, "stepId is not a UUIDv7")
         result = entry.get("result")
         if type(result) is not dict:
@@ -699,7 +711,7 @@ class Reducer:
                 raise _fail("INVALID_TRANSCRIPT", line, seq, f"content is not the fixed {reason} text")
             self.outcomes.add(pair)
             if self._undo is not None:
-                self._undo.append(lambda: self.outcomes.discard(pair))
+                self._undo.append(functools.partial(self.outcomes.discard, pair))
             return Entry("message", message, order, through, assistant.operation_id, step_id)
         if self.reserved.get(fact_id) != _TOOL_RESULT:
             raise _fail("INVALID_REFERENCE", line, seq, f"{fact_id} is not a reserved tool-result id")
@@ -715,10 +727,8 @@ class Reducer:
                 raise _fail("INVALID_TRANSCRIPT", line, seq, "content is not the fixed interrupted text")
         elif "reason" in result:
             raise _fail("INVALID_FACT", line, seq, f"a {result_type} result has a reason")
-        started_id = entry.get("toolStartedId")
-        if type(started_id) is not str or _UUID7(started_id) is None:
+        if started is None and (type(started_id) is not str or _UUID7(started_id) is None):
             raise _fail("INVALID_FACT", line, seq, "toolStartedId is not a UUIDv7")
-        started = self.tools.get(started_id)
         if (
             started is None
             or started["stepId"] != step_id
@@ -731,8 +741,11 @@ class Reducer:
                 "INVALID_REFERENCE", line, seq, f"{started_id} is not a pending tool intent for this result"
             )
         started["status"] = "completed"
+        owner = self.operations[started["operationId"]]
         if self._undo is not None:
-            self._undo.append(lambda: started.__setitem__("status", "pending"))
+            self._undo.append(functools.partial(started.__setitem__, "status", "pending"))
+            self._restore(owner, "pending")
+        owner.pending -= 1
         self._release(fact_id)
         return Entry("message", message, order, through, started["operationId"], started["stepId"])
 
@@ -828,7 +841,7 @@ class Reducer:
             attempt.attempt_id,
         )
         if self._undo is not None:
-            self._undo.append(lambda: self.entries.pop(fact_id))
+            self._undo.append(functools.partial(self.entries.pop, fact_id))
 
     @staticmethod
     def _check_messages(messages: list[dict[str, Any]], line: int, seq: int) -> None:
@@ -876,7 +889,7 @@ class Reducer:
     def _start(self, operation: Operation) -> None:
         self.operations[operation.id] = operation
         if self._undo is not None:
-            self._undo.append(lambda: self.operations.pop(operation.id))
+            self._undo.append(functools.partial(self.operations.pop, operation.id))
         self.current = operation
 
     def _run_started(self, record: dict[str, Any], line: int, seq: int) -> None:
@@ -937,7 +950,7 @@ class Reducer:
             )
         self._start(Operation("compaction", operation_id, input_id, result_id))
 
-    def _snapshot(self, value: Any, line: int, seq: int) -> tuple[str, dict[str, Any]]:
+    def _snapshot(self, value: Any, line: int, seq: int) -> Snapshot:
         """A configuration snapshot to (digest, normal form); equal snapshots share one object.
 
         Sessions repeat one snapshot in every attempt: its encoding, once validated, is a cache
@@ -954,7 +967,7 @@ class Reducer:
             self._snapshots[encoded] = known
         return known
 
-    def _validate_snapshot(self, value: Any, line: int, seq: int) -> tuple[str, dict[str, Any]]:
+    def _validate_snapshot(self, value: Any, line: int, seq: int) -> Snapshot:
         snapshot = value
         if type(snapshot) is not dict:
             raise _fail("INVALID_FACT", line, seq, "configurationSnapshot is not an object")
@@ -1007,7 +1020,11 @@ class Reducer:
                 "routingIdentity": routing,
                 "outputOptionsDigest": output,
             }
-            known = self._digests[key] = (digest(canonical(normal, strings_only=True)), normal)
+            known = self._digests[key] = (
+                digest(canonical(normal, strings_only=True)),
+                normal,
+                frozenset(names),
+            )
         return known
 
     def _step_attempt(self, record: dict[str, Any], line: int, seq: int) -> None:
@@ -1025,15 +1042,17 @@ class Reducer:
         if kind != ("assistant" if found.kind == "run" else "compaction"):
             raise _fail("INVALID_TRANSITION", line, seq, f"a {found.kind} cannot take a {kind} step")
         context_id = record.get("contextThroughEntryId")
-        if type(context_id) is not str or _UUID7(context_id) is None:
-            raise _fail("INVALID_FACT", line, seq, "contextThroughEntryId is not a UUIDv7")
-        if context_id not in self.entries:
+        if type(context_id) is not str or context_id not in self.entries:
+            if type(context_id) is not str or _UUID7(context_id) is None:
+                raise _fail("INVALID_FACT", line, seq, "contextThroughEntryId is not a UUIDv7")
             raise _fail("INVALID_REFERENCE", line, seq, f"contextThroughEntryId {context_id} is not an entry")
         if number == 1 and context_id != self.boundary:
             raise _fail(
                 "INVALID_TRANSITION", line, seq, "attempt 1 context is not the active-context boundary"
             )
-        configuration_digest, snapshot = self._snapshot(record.get("configurationSnapshot"), line, seq)
+        configuration_digest, snapshot, declared = self._snapshot(
+            record.get("configurationSnapshot"), line, seq
+        )
         claimed = record.get("configurationDigest")
         if type(claimed) is not str or claimed != configuration_digest:
             raise _fail(
@@ -1071,14 +1090,16 @@ class Reducer:
             if self._undo is not None:
                 self._restore(first, "closed")
             first.closed = True
-        attempt = Attempt(found.id, step_id, attempt_id, number, kind, context_id, snapshot, claimed)
+        attempt = Attempt(
+            found.id, step_id, attempt_id, number, kind, context_id, snapshot, claimed, declared
+        )
         self.attempts[attempt_id] = attempt
         if self._undo is not None:
-            self._undo.append(lambda: self.attempts.pop(attempt_id))
+            self._undo.append(functools.partial(self.attempts.pop, attempt_id))
         if prior is None:
             self.steps[step_id] = [attempt]
             if self._undo is not None:
-                self._undo.append(lambda: self.steps.pop(step_id))
+                self._undo.append(functools.partial(self.steps.pop, step_id))
         else:
             prior.append(attempt)
             if self._undo is not None:
@@ -1095,7 +1116,7 @@ class Reducer:
             raise _fail(
                 "INVALID_TRANSITION", line, seq, "a later step needs a toolUse assistant entry before it"
             )
-        if any(tool["status"] == "pending" for tool in run.tool_calls):
+        if run.pending:
             raise _fail("INVALID_TRANSITION", line, seq, "a tool intent is still pending")
         assert settled.message is not None
         calls = settled.message.get("tool_calls", ())
@@ -1136,10 +1157,10 @@ class Reducer:
         found = self._running(record.get("operationId"), "operationId", line, seq)
         if found.kind != "run" or self.current is not found:
             raise _fail("INVALID_TRANSITION", line, seq, "toolStarted names no current run")
-        assistant_id = record.get("assistantEntryId")
-        if type(assistant_id) is not str or _UUID7(assistant_id) is None:
+        assistant_id: str = record.get("assistantEntryId")  # type: ignore[assignment]
+        assistant = self.entries.get(assistant_id) if type(assistant_id) is str else None
+        if assistant is None and (type(assistant_id) is not str or _UUID7(assistant_id) is None):
             raise _fail("INVALID_FACT", line, seq, "assistantEntryId is not a UUIDv7")
-        assistant = self.entries.get(assistant_id)
         if assistant is None or assistant.stop_reason != "toolUse" or assistant.operation_id != found.id:
             raise _fail(
                 "INVALID_REFERENCE", line, seq, f"{assistant_id} is not a toolUse assistant entry of this run"
@@ -1173,7 +1194,7 @@ class Reducer:
         if type(environment) is not str or not environment:
             raise _fail("INVALID_FACT", line, seq, "environmentIdentity is not a non-empty string")
         attempt = self.attempts.get(assistant.attempt_id or "")
-        if attempt is None or not any(tool["name"] == name for tool in attempt.snapshot["tools"]):
+        if attempt is None or name not in attempt.declared:
             raise _fail(
                 "INVALID_TRANSITION", line, seq, f"tool {name!r} is not declared in the attempt's snapshot"
             )
@@ -1195,11 +1216,14 @@ class Reducer:
         }
         self.tools[fact_id] = tool
         if self._undo is not None:
-            self._undo.append(lambda: self.tools.pop(fact_id))
+            self._undo.append(functools.partial(self.tools.pop, fact_id))
         self.outcomes.add(pair)
         if self._undo is not None:
-            self._undo.append(lambda: self.outcomes.discard(pair))
+            self._undo.append(functools.partial(self.outcomes.discard, pair))
         found.tool_calls.append(tool)
+        if self._undo is not None:
+            self._restore(found, "pending")
+        found.pending += 1
         if self._undo is not None:
             self._undo.append(found.tool_calls.pop)
 
@@ -1232,7 +1256,7 @@ class Reducer:
         elif "finalEntryId" in record:
             raise _fail("INVALID_FACT", line, seq, "finalEntryId is only for a completed operation")
         if outcome == "aborted":
-            pending = any(tool["status"] == "pending" for tool in found.tool_calls)
+            pending = found.pending > 0
             attempting = found.step is not None and found.step.status == "attempting"
             if not found.abort_requested or pending or attempting:
                 raise _fail(
@@ -1291,7 +1315,7 @@ class Reducer:
             raise _fail("INVALID_TRANSCRIPT", line, seq, "a normal completion needs non-blank content")
         if completion == "truncated" and "tool_calls" not in message:
             raise _fail("INVALID_TRANSCRIPT", line, seq, "a truncated completion needs tool calls")
-        if any(tool["status"] == "pending" for tool in found.tool_calls):
+        if found.pending:
             raise _fail("INVALID_TRANSCRIPT", line, seq, "a tool intent is still pending")
 
     # -- usage -------------------------------------------------------------------------------
