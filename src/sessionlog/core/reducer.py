@@ -870,7 +870,8 @@ class Reducer:
         allowed = _RECORD_KEYS.get(kind) if type(kind) is str else None
         if allowed is None or type(kind) is not str:
             raise _fail("INVALID_FACT", line, seq, f"record type {kind!r} is unknown")
-        self._keys(record, allowed, kind, line, seq)
+        if not allowed.issuperset(record):
+            self._keys(record, allowed, kind, line, seq)
         if kind == "stepAttempt":
             self._step_attempt(record, line, seq)
         elif kind == "toolStarted":
@@ -1324,13 +1325,18 @@ class Reducer:
         if not _USAGE_FACT.issuperset(fact):
             self._keys(fact, _USAGE_FACT, "usage fact", line, seq)
         operation_id = fact.get("operationId")
-        if self._known(self.operations, operation_id, "operationId", line, seq) is None:
+        if (type(operation_id) is not str or operation_id not in self.operations) and (
+            self._known(self.operations, operation_id, "operationId", line, seq) is None
+        ):
             raise _fail("INVALID_REFERENCE", line, seq, f"operationId {operation_id} is not an operation")
         has_attempt = "attemptId" in fact
         if has_attempt == ("toolStartedId" in fact):
             raise _fail("INVALID_FACT", line, seq, "usage names exactly one of attemptId and toolStartedId")
         if has_attempt:
-            attempt = self._known(self.attempts, fact["attemptId"], "attemptId", line, seq)
+            attempt_id = fact["attemptId"]
+            attempt = self.attempts.get(attempt_id) if type(attempt_id) is str else None
+            if attempt is None:
+                self._known(self.attempts, attempt_id, "attemptId", line, seq)
             if attempt is None or attempt.operation_id != operation_id:
                 raise _fail("INVALID_REFERENCE", line, seq, "attemptId is not an attempt of that operation")
         else:
@@ -1340,10 +1346,10 @@ class Reducer:
                     "INVALID_REFERENCE", line, seq, "toolStartedId is not a tool intent of that operation"
                 )
         usage = fact.get("usage")
-        if type(usage) is not dict or not _USAGE_KEYS.issuperset(usage):
+        if type(usage) is not dict:
             raise _fail("INVALID_FACT", line, seq, "usage is not an object")
-            if not _USAGE_KEYS.issuperset(usage):
-                self._keys(usage, _USAGE_KEYS, "usage", line, seq)
+        if not _USAGE_KEYS.issuperset(usage):
+            self._keys(usage, _USAGE_KEYS, "usage", line, seq)
         totals = self.usage
         added = [0, 0, 0, 0]
         for index, key in enumerate(_USAGE):
