@@ -63,12 +63,8 @@ def create(
     """Create a new session atomically; SessionExistsError if one is there already.
     `max_line_bytes`: the longest line the store reads (a longer one is CorruptionError) and
     writes (a longer commit is ValidationError); default 64 MiB."""
-    factory, info = _resolve(backend, "sync", registry)
-    path = Path(path)
     header = _header(provider, model, cwd, environment_identity, session_id)
-    return SessionStore.open_backend(
-        factory(path, create=header, **options), path, info, max_line_bytes=max_line_bytes
-    )
+    return _open_sync(path, backend, header, registry, max_line_bytes, options)
 
 
 def open(
@@ -80,10 +76,40 @@ def open(
     **options: Any,
 ) -> SessionStore:
     """Open an existing session: repairs a torn tail, refuses a corrupted log (CorruptionError)."""
+    return _open_sync(path, backend, None, registry, max_line_bytes, options)
+
+
+def _open_sync(
+    path: str | os.PathLike[str],
+    backend: str,
+    header: bytes | None,
+    registry: Registry | None,
+    max_line_bytes: int,
+    options: dict[str, Any],
+) -> SessionStore:
     factory, info = _resolve(backend, "sync", registry)
     path = Path(path)
     return SessionStore.open_backend(
-        factory(path, create=None, **options), path, info, max_line_bytes=max_line_bytes
+        factory(path, create=header, **options), path, info, max_line_bytes=max_line_bytes
+    )
+
+
+async def _open_async(
+    path: str | os.PathLike[str],
+    backend: str,
+    header: bytes | None,
+    registry: Registry | None,
+    max_line_bytes: int,
+    options: dict[str, Any],
+) -> AsyncSessionStore:
+    from .core.async_store import AsyncSessionStore
+
+    factory, info = _resolve(backend, "async", registry)
+    path = Path(path)
+    store_options, backend_options = AsyncSessionStore.split_options(options)
+    opened = await factory(path, create=header, **backend_options)
+    return await AsyncSessionStore.open_backend(
+        opened, path, info, max_line_bytes=max_line_bytes, **store_options
     )
 
 
@@ -101,16 +127,8 @@ async def create_async(
     **options: Any,
 ) -> AsyncSessionStore:
     """`create` for async backends."""
-    from .core.async_store import AsyncSessionStore
-
-    factory, info = _resolve(backend, "async", registry)
-    path = Path(path)
     header = _header(provider, model, cwd, environment_identity, session_id)
-    store_options, backend_options = AsyncSessionStore.split_options(options)
-    opened = await factory(path, create=header, **backend_options)
-    return await AsyncSessionStore.open_backend(
-        opened, path, info, max_line_bytes=max_line_bytes, **store_options
-    )
+    return await _open_async(path, backend, header, registry, max_line_bytes, options)
 
 
 async def open_async(
@@ -122,12 +140,4 @@ async def open_async(
     **options: Any,
 ) -> AsyncSessionStore:
     """`open` for async backends."""
-    from .core.async_store import AsyncSessionStore
-
-    factory, info = _resolve(backend, "async", registry)
-    path = Path(path)
-    store_options, backend_options = AsyncSessionStore.split_options(options)
-    opened = await factory(path, create=None, **backend_options)
-    return await AsyncSessionStore.open_backend(
-        opened, path, info, max_line_bytes=max_line_bytes, **store_options
-    )
+    return await _open_async(path, backend, None, registry, max_line_bytes, options)

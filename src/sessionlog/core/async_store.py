@@ -35,10 +35,10 @@ from types import TracebackType
 from typing import Any, Self
 
 from .commit import CommitPipeline, Prepared
-from .errors import StoreClosedError, StorePoisonedError
+from .errors import StoreClosedError
 from .framing import DEFAULT_MAX_LINE_BYTES
 from .state import SessionState
-from .store import AsyncBackend, BackendInfo, Durability, check_max_line_bytes, reduce_stored
+from .store import AsyncBackend, BackendInfo, StoreStatus, check_max_line_bytes, reduce_stored
 
 DEFAULT_MAX_BATCH_BYTES = 4 << 20
 DEFAULT_MAX_BATCH_COMMITS = 1024
@@ -62,7 +62,7 @@ def _check_options(
     return max_batch_bytes, max_batch_commits, max_wait_us / 1e6
 
 
-class AsyncSessionStore:
+class AsyncSessionStore(StoreStatus):
     """A session open for writing through an asynchronous backend (see the module docstring).
 
     Batch bounds: a batch holds at most `max_batch_commits` transactions and `max_batch_bytes`
@@ -82,6 +82,7 @@ class AsyncSessionStore:
         max_batch_commits: int = DEFAULT_MAX_BATCH_COMMITS,
         max_wait_us: float | None = None,
     ) -> None:
+        super().__init__(path, info)
         self._max_bytes, self._max_commits, self._max_wait = _check_options(
             max_batch_bytes, max_batch_commits, max_wait_us
         )
@@ -100,10 +101,6 @@ class AsyncSessionStore:
         self._gathering: asyncio.Future[None] | None = None  # the writer waiting for a fuller batch
         self._flushers: list[tuple[int, asyncio.Future[None]]] = []
         self._closer: asyncio.Task[None] | None = None
-        self._closed = False
-        self._poisoned: BaseException | None = None
-        self.path = path
-        self.info = info
 
     @staticmethod
     def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -152,31 +149,6 @@ class AsyncSessionStore:
             await backend.close()
             raise
         return cls(backend, pipeline, path, info, **store_options)
-
-    @property
-    def durability(self) -> Durability:
-        return self.info.durability
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
-    def poisoned(self) -> bool:
-        return self._poisoned is not None
-
-    def _check(self) -> None:
-        if self._closed:
-            raise StoreClosedError(f"{self.path}: the store is closed")
-        if self._poisoned is not None:
-            raise self._poison_error(
-                f"an earlier write or sync failed ({self._poisoned!r}); reopen the session"
-            )
-
-    def _poison_error(self, detail: str) -> StorePoisonedError:
-        error = StorePoisonedError(f"{self.path}: {detail}")
-        error.__cause__ = self._poisoned
-        return error
 
     # -- the three methods -------------------------------------------------------------------
 
@@ -240,9 +212,6 @@ class AsyncSessionStore:
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
         await self.close()
-
-    def __repr__(self) -> str:
-        return f"<AsyncSessionStore {self.info.name} {self.path}>"
 
     # -- the writer --------------------------------------------------------------------------
 

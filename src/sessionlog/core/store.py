@@ -88,20 +88,56 @@ def reduce_stored(
     return CommitPipeline(reducer, end, lines, max_line_bytes=max_line_bytes), end
 
 
-class SessionStore:
+class StoreStatus:
+    """What every store, sync or async, knows of itself: its path, its backend, whether it was
+    closed or poisoned, and the error each of those means for the next call."""
+
+    def __init__(self, path: Path, info: BackendInfo) -> None:
+        self.path = path
+        self.info = info
+        self._closed = False
+        self._poisoned: BaseException | None = None
+
+    @property
+    def durability(self) -> Durability:
+        return self.info.durability
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def poisoned(self) -> bool:
+        return self._poisoned is not None
+
+    def _poison_error(self, detail: str) -> StorePoisonedError:
+        error = StorePoisonedError(f"{self.path}: {detail}")
+        error.__cause__ = self._poisoned
+        return error
+
+    def _check(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"{self.path}: the store is closed")
+        if self._poisoned is not None:
+            raise self._poison_error(
+                f"an earlier write or sync failed ({self._poisoned!r}); reopen the session"
+            )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.info.name} {self.path}>"
+
+
+class SessionStore(StoreStatus):
     """A session open for writing through a synchronous backend.
 
     Commits from several threads are serialized; each is one transaction, one line, one write.
     """
 
     def __init__(self, backend: SyncBackend, pipeline: CommitPipeline, path: Path, info: BackendInfo) -> None:
+        super().__init__(path, info)
         self._backend = backend
         self._pipeline = pipeline
         self._lock = threading.Lock()
-        self._closed = False
-        self._poisoned: BaseException | None = None
-        self.path = path
-        self.info = info
 
     @classmethod
     def open_backend(
@@ -126,26 +162,6 @@ class SessionStore:
             backend.close()
             raise
         return cls(backend, pipeline, path, info)
-
-    @property
-    def durability(self) -> Durability:
-        return self.info.durability
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
-    def poisoned(self) -> bool:
-        return self._poisoned is not None
-
-    def _check(self) -> None:
-        if self._closed:
-            raise StoreClosedError(f"{self.path}: the store is closed")
-        if self._poisoned is not None:
-            raise StorePoisonedError(
-                f"{self.path}: an earlier write or sync failed ({self._poisoned!r}); reopen the session"
-            ) from self._poisoned
 
     def commit(self, facts: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Commit one transaction; return its facts with seq, id and timestamp. Durable per the
@@ -186,6 +202,3 @@ class SessionStore:
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
         self.close()
-
-    def __repr__(self) -> str:
-        return f"<SessionStore {self.info.name} {self.path}>"
