@@ -28,11 +28,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import errno
 import json
 import os
 import re
-import stat
 import sys
 import time
 from collections import Counter
@@ -44,6 +42,7 @@ from typing import Any, NoReturn
 import orjson
 
 from . import opening
+from .backends.jsonl_file import read_session_file
 from .core.commit import CommitPipeline
 from .core.errors import (
     CorruptionError,
@@ -196,33 +195,12 @@ def _status(mode: str, label: str, size: int) -> Iterator[None]:
 # -- reading a session -------------------------------------------------------------------------
 
 
-def _read_file(path: Path) -> bytes:
-    """Every byte of a session file, through a read-only descriptor (no writer claim, no lock)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise SessionNotFoundError(errno.ENOENT, f"no session at {path}", str(path)) from None
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            raise SessionPathError(
-                errno.ELOOP, f"refusing a symlink as a session: {path}", str(path)
-            ) from None
-        raise SessionPathError(
-            error.errno, f"cannot read the session {path}: {error.strerror}", str(path)
-        ) from error
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise SessionPathError(errno.EINVAL, f"not a regular file: {path}", str(path))
-    with open(fd, "rb", closefd=True) as file:
-        return file.read()
-
-
 def read_session(path: str, backend: str, registry: Registry) -> bytes:
     """The stored bytes of a session, read-only: the file itself for the built-in file backends,
     otherwise the backend's own read path (opened, read, closed; never truncated)."""
     info = registry.info(backend)
     if backend in FILE_BACKENDS:
-        return _read_file(Path(path))
+        return read_session_file(path)
     factory = registry.factory(backend)
     if info.api == "sync":
         opened = factory(Path(path), create=None)

@@ -124,22 +124,7 @@ class JsonlFile:
         cls, path: str | os.PathLike[str], *, sync: bool, lock: bool = False, ops: FileOps = DEFAULT_OPS
     ) -> JsonlFile:
         path = Path(path)
-        try:
-            fd = ops.open(path, _OPEN_FLAGS)
-        except FileNotFoundError:
-            raise SessionNotFoundError(errno.ENOENT, f"no session at {path}", str(path)) from None
-        except OSError as error:
-            if error.errno == errno.ELOOP:
-                raise SessionPathError(
-                    errno.ELOOP, f"refusing a symlink as a session: {path}", str(path)
-                ) from None
-            if error.errno == errno.EISDIR:
-                raise SessionPathError(
-                    errno.EISDIR, f"a directory is not a session: {path}", str(path)
-                ) from None
-            raise SessionPathError(
-                error.errno, f"cannot open the session {path}: {error.strerror}", str(path)
-            ) from error
+        fd = _open_existing(path, _OPEN_FLAGS, ops)
         try:
             return cls._claim(path, fd, sync=sync, lock=lock, ops=ops)
         except BaseException:
@@ -201,6 +186,35 @@ class JsonlFile:
         with _writers_lock:
             _writers.discard(self._key)
         self._ops.close(fd)  # also releases a flock
+
+
+def _open_existing(path: Path, flags: int, ops: FileOps) -> int:
+    """Open an existing session file, mapping what can go wrong to the typed errors."""
+    try:
+        return ops.open(path, flags)
+    except FileNotFoundError:
+        raise SessionNotFoundError(errno.ENOENT, f"no session at {path}", str(path)) from None
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise SessionPathError(
+                errno.ELOOP, f"refusing a symlink as a session: {path}", str(path)
+            ) from None
+        if error.errno == errno.EISDIR:
+            raise SessionPathError(errno.EISDIR, f"a directory is not a session: {path}", str(path)) from None
+        raise SessionPathError(
+            error.errno, f"cannot open the session {path}: {error.strerror}", str(path)
+        ) from error
+
+
+def read_session_file(path: str | os.PathLike[str]) -> bytes:
+    """Every byte of a session file through a read-only descriptor: no writer claim, no lock."""
+    path = Path(path)
+    fd = _open_existing(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, DEFAULT_OPS)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SessionPathError(errno.EINVAL, f"not a regular file: {path}", str(path))
+    with open(fd, "rb", closefd=True) as file:
+        return file.read()
 
 
 def _check_free(path: Path) -> None:
