@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -22,3 +24,19 @@ def shared_manifest(folder: Path) -> list[dict[str, Any]]:
     if not manifest.is_file():
         return []
     return json.loads(manifest.read_text())["fixtures"]  # type: ignore[no-any-return]
+
+
+# -- shared by the async tests -------------------------------------------------------------------
+
+ASYNC_BACKENDS = ("jsonl-async", "jsonl-group")
+HEADER: dict[str, Any] = {
+    "provider": "openrouter",
+    "model": "test/model",
+    "cwd": "/workspace",
+    "environment_identity": "t",
+}
+T = TypeVar("T")
+
+
+def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    return asyncio.run(main())

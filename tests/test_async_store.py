@@ -9,14 +9,15 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 import pytest
 
 import sessionlog
+from conftest import ASYNC_BACKENDS, HEADER, run
 from sessionlog import new_id
 from sessionlog.backends.jsonl_async import INFO as ASYNC_INFO
 from sessionlog.backends.jsonl_async import open_jsonl_async
@@ -24,19 +25,6 @@ from sessionlog.backends.jsonl_file import FileOps
 from sessionlog.core import facts as F
 from sessionlog.core.async_store import AsyncSessionStore
 from sessionlog.core.store import AsyncBackend
-
-ASYNC_BACKENDS = ("jsonl-async", "jsonl-group")
-HEADER: dict[str, Any] = {
-    "provider": "openrouter",
-    "model": "test/model",
-    "cwd": "/workspace",
-    "environment_identity": "t",
-}
-T = TypeVar("T")
-
-
-def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    return asyncio.run(main())
 
 
 def user(index: int, size: int = 450) -> list[dict[str, Any]]:

@@ -15,28 +15,16 @@ import random
 import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 import pytest
 
 import sessionlog
+from conftest import ASYNC_BACKENDS, HEADER, run
 from sessionlog import new_id
 from sessionlog.backends.jsonl_file import FileOps
 from sessionlog.core import facts as F
-
-ASYNC_BACKENDS = ("jsonl-async", "jsonl-group")
-HEADER: dict[str, Any] = {
-    "provider": "openrouter",
-    "model": "test/model",
-    "cwd": "/workspace",
-    "environment_identity": "t",
-}
-T = TypeVar("T")
-
-
-def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    return asyncio.run(main())
 
 
 def ids_in_file(path: Path) -> list[str]:
