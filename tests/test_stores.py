@@ -1,6 +1,6 @@
 """The file backends' specifics, beyond the generic suite: atomic create, paths, modes, syncs,
 short writes, one write per transaction, torn-tail repair only after a clean prefix, and the
-examples of docs/stores.md (they must run)."""
+examples of the README (its ```python blocks must run; ```py blocks are sketches)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from sessionlog.core import facts
 from sessionlog.testing import SNAPSHOT, RecordingOps, Script, agent_turn, committed_lines
 
 FILE_BACKENDS = ["jsonl", "jsonl-fsync"]
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "stores.md"
+DOCS = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def create(path: Path, backend: str = "jsonl", **options: Any) -> sessionlog.SessionStore:
@@ -344,7 +344,7 @@ def test_lock_true_is_refused_while_another_process_holds_the_lock(tmp_path: Pat
 
 def test_hands_on_only_lf_terminated_lines_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    # The same code as "Try it" in docs/stores.md.
+    # The same code as "Try it" in the README.
     header = sessionlog.encode_header(
         cwd="/workspace", provider="openrouter", model="test/model", environment_identity="demo"
     )
@@ -368,7 +368,7 @@ def test_hands_on_only_lf_terminated_lines_count(tmp_path: Path, monkeypatch: py
 
 
 def agent_loop_example() -> sessionlog.SessionState:
-    """The same code as the agent-loop example of docs/stores.md."""
+    """The same code as the agent-loop example of the README."""
     zero = "sha256:" + "0" * 64
     snapshot = {  # what the model attempt runs under; its digest goes into the log
         "adapterIdentity": "openrouter:chat-completions:v1",
@@ -454,8 +454,7 @@ def _python_blocks(text: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
 
 
-@pytest.mark.skipif(not DOCS.is_file(), reason=f"{DOCS} is absent (merged into the README?)")
-def test_the_docs_python_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_readme_python_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     blocks = _python_blocks(DOCS.read_text())
     assert len(blocks) >= 2
