@@ -390,3 +390,21 @@ def test_synthetic_contents_are_the_contract_texts() -> None:
         "Operation interrupted after execution status became unknown; the tool was not replayed."
     )
     assert len(SYNTHETIC_CONTENT) == 5
+
+
+def test_nul_rule_covers_the_last_write_of_a_group_commit() -> None:
+    """A lost page inside an unsynced batch leaves NULs in a line that is not the last."""
+    session = Session()
+    session.commit([F.user_message("synced")])
+    synced = session.data
+    for text in ("batch one", "batch two"):
+        session.commit([F.user_message(text)])
+    batch = session.data[len(synced) :]
+    lost = synced + b"\0" * 12 + batch[12:]  # the batch's first page came back zeroed
+    assert error_of(lost).code == "MALFORMED_JSON"
+    with pytest.raises(sessionlog.CorruptionError):  # the last line only: still corruption
+        sessionlog.reduce_bytes(lost, nul_tail=True)
+    state = sessionlog.reduce_bytes(lost, nul_tail=True, nul_window=len(batch))
+    assert (state.last_seq, state.repaired_length) == (1, len(synced))
+    with pytest.raises(sessionlog.CorruptionError):  # a NUL before the window stays corruption
+        sessionlog.reduce_bytes(lost, nul_tail=True, nul_window=len(batch) - 20)

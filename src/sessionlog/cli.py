@@ -219,14 +219,15 @@ def read_session(path: str, backend: str, registry: Registry) -> bytes:
     return asyncio.run(read_async())
 
 
-def _power(registry: Registry, backend: str) -> bool:
-    return registry.info(backend).durability == "power"
+def _power(registry: Registry, backend: str) -> dict[str, Any]:
+    """How the backend reads its log: in the power class a NUL-bearing last write is torn."""
+    return registry.info(backend).nul_rule()
 
 
-def _reduce(path: str, data: bytes, mode: str, power: bool) -> SessionState:
-    """As the store reads it: in the power class a NUL-bearing last line is torn, not corrupt."""
+def _reduce(path: str, data: bytes, mode: str, power: dict[str, Any]) -> SessionState:
+    """As the store reads it: in the power class a NUL-bearing last write is torn, not corrupt."""
     with _status(mode, f"reducing {path}", len(data)):
-        return reduce_bytes(data, path=path, nul_tail=power)
+        return reduce_bytes(data, path=path, **power)
 
 
 def load_session(path: str, backend: str, registry: Registry, mode: str) -> tuple[bytes, SessionState]:
@@ -576,8 +577,8 @@ def cmd_repair(args: argparse.Namespace, registry: Registry) -> int:
 class MemoryStore:
     """A session's bytes in memory that commits like a store and writes nowhere (--dry-run)."""
 
-    def __init__(self, data: bytes, path: str, *, power: bool) -> None:
-        self._pipeline: CommitPipeline = reduce_stored(data, Path(path), nul_tail=power)[0]
+    def __init__(self, data: bytes, path: str, *, power: dict[str, Any]) -> None:
+        self._pipeline: CommitPipeline = reduce_stored(data, Path(path), **power)[0]
 
     def commit(self, facts: Any) -> list[dict[str, Any]]:
         prepared = self._pipeline.prepare(facts)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..core.async_store import DEFAULT_MAX_BATCH_BYTES
 from ..core.store import BackendInfo
 from ..plugins.hookspecs import Register, hookimpl
 from .jsonl import _no_options
@@ -21,7 +22,11 @@ from .jsonl_async import AsyncJsonlFile
 from .jsonl_file import DEFAULT_OPS, FileOps
 
 INFO = BackendInfo(
-    "jsonl-group", "power", "async", "JSONL file, group commit: one write + fdatasync per batch"
+    "jsonl-group",
+    "power",
+    "async",
+    "JSONL file, group commit: one write + fdatasync per batch",
+    batch_bytes=DEFAULT_MAX_BATCH_BYTES,
 )
 
 

@@ -132,13 +132,12 @@ class AsyncSessionStore(StoreStatus):
                 store_options.get("max_wait_us"),
             )
             data = await backend.read()
-            reduce = functools.partial(
-                reduce_stored,
-                data,
-                path,
-                nul_tail=info.durability == "power",
-                max_line_bytes=max_line_bytes,
-            )
+            rule = info.nul_rule()
+            if rule["nul_window"]:  # this store's own batches may be larger than the default
+                rule["nul_window"] = max(
+                    rule["nul_window"], store_options.get("max_batch_bytes", DEFAULT_MAX_BATCH_BYTES)
+                )
+            reduce = functools.partial(reduce_stored, data, path, **rule, max_line_bytes=max_line_bytes)
             if len(data) > _REDUCE_IN_THREAD_BYTES:
                 pipeline, end = await asyncio.to_thread(reduce)
             else:

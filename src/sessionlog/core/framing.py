@@ -38,7 +38,10 @@ import orjson
 from .errors import CorruptionError
 
 DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
-MAX_NESTING_DEPTH = 512
+# The deepest value orjson encodes: every line that reads can be written back (and the fast path
+# below needs no depth check of its own); the state's recursive copies stay far from Python's
+# recursion limit.
+MAX_NESTING_DEPTH = 254
 
 _SURROGATE = re.compile(rb"\xed[\xa0-\xbf][\x80-\xbf]")
 _UTF8_CHUNK = 1 << 20
@@ -118,7 +121,7 @@ def parse_line(raw: bytes, line: int, offset: int, max_line_bytes: int = DEFAULT
         return _parse_strict(raw, line, offset)
     try:
         compact = orjson.dumps(value)
-    except orjson.JSONEncodeError:  # nested deeper than orjson encodes (254)
+    except orjson.JSONEncodeError:  # nested deeper than MAX_NESTING_DEPTH: the strict path says so
         return _parse_strict(raw, line, offset)
     if compact != raw:
         return _parse_strict(raw, line, offset)

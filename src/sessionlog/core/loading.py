@@ -8,6 +8,12 @@ raw NUL (JSON escapes it). So when the *last* committed line holds a NUL byte it
 torn: excluded from `repairedLength`, cut off before the first append. Only the last line, only
 NUL-bearing, and only for a store that asks (the power class): a NUL anywhere else, or in a
 process-class log, stays corruption.
+
+Group commit widens "the last line" to "the last write": one write there holds a whole batch of
+lines, none acknowledged until its sync returns, and a lost page may fall in any of them. With
+`nul_window=N` (the backend's largest batch, in bytes) a NUL in a line that starts within the
+last N committed bytes cuts the log at that line's start; the lines after it belong to the same
+unacknowledged write. A NUL further back is corruption as before.
 """
 
 from __future__ import annotations
@@ -45,30 +51,41 @@ def load(
     path: str | Path | None = None,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     nul_tail: bool = False,
+    nul_window: int = 0,
 ) -> tuple[Reducer, int]:
     """Reduce `data`; return the live reducer and the committed length (`repairedLength`).
-    `nul_tail`: treat a NUL-bearing last line as torn (power class only; see the module doc)."""
+    `nul_tail`: treat a NUL-bearing last line as torn (power class only; see the module doc);
+    `nul_window`: or any line starting within that many final bytes (group commit)."""
     try:
-        return _load(data, max_line_bytes, nul_tail)
+        return _load(data, max_line_bytes, nul_tail, nul_window)
     except CorruptionError as error:
         if path is None:
             raise
         raise error.located(path) from error.__cause__
 
 
-def committed_end(data: bytes, *, nul_tail: bool = False) -> int:
-    """The committed length before any check: through the last LF, less a NUL-bearing last line
-    (not the header) when `nul_tail`."""
+def committed_end(data: bytes, *, nul_tail: bool = False, nul_window: int = 0) -> int:
+    """The committed length before any check: through the last LF, less, when `nul_tail`, a
+    NUL-bearing last line or (`nul_window`) every line from the first NUL-bearing one starting
+    within the last `nul_window` bytes; never the header."""
     end = committed_length(data)
     if nul_tail and end > 0:
-        start = data.rfind(b"\n", 0, end - 1) + 1
-        if start > 0 and data.find(b"\0", start, end) >= 0:
-            return start
+        last = data.rfind(b"\n", 0, end - 1) + 1
+        if last == 0:
+            return end  # only the header
+        header_end = data.find(b"\n") + 1
+        first = last
+        if nul_window:  # the first line that starts within the last `nul_window` bytes
+            floor = max(header_end, end - nul_window)
+            first = floor if data[floor - 1] == 0x0A else data.find(b"\n", floor, end) + 1
+        nul = data.find(b"\0", min(first, last), end)
+        if nul >= 0:
+            return max(header_end, data.rfind(b"\n", 0, nul) + 1)
     return end
 
 
-def _load(data: bytes, max_line_bytes: int, nul_tail: bool) -> tuple[Reducer, int]:
-    end = committed_end(data, nul_tail=nul_tail)
+def _load(data: bytes, max_line_bytes: int, nul_tail: bool, nul_window: int) -> tuple[Reducer, int]:
+    end = committed_end(data, nul_tail=nul_tail, nul_window=nul_window)
     if end == 0:
         raise CorruptionError("MISSING_HEADER", 1, detail="no complete line: no LF in the file", offset=0)
     if data[0] == 0x0A:  # contract §1 lists this with "no LF at all", before the encoding checks
@@ -101,8 +118,12 @@ def reduce_bytes(
     path: str | Path | None = None,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     nul_tail: bool = False,
+    nul_window: int = 0,
 ) -> SessionState:
     """The state of a session's bytes; CorruptionError names what is wrong and where.
-    `nul_tail=True` reads it as a power-class store does (a NUL-bearing last line is torn)."""
-    reducer, end = load(data, path=path, max_line_bytes=max_line_bytes, nul_tail=nul_tail)
+    `nul_tail=True` reads it as a power-class store does (a NUL-bearing last line is torn;
+    `nul_window`: the last write, for group commit)."""
+    reducer, end = load(
+        data, path=path, max_line_bytes=max_line_bytes, nul_tail=nul_tail, nul_window=nul_window
+    )
     return SessionState(reducer, end)

@@ -32,6 +32,13 @@ class BackendInfo:
     durability: Durability
     api: Api
     description: str
+    batch_bytes: int = 0  # the largest write of several lines before one sync (group commit)
+
+    def nul_rule(self) -> dict[str, Any]:
+        """How this backend's log reads after a power loss (`core.loading`): in the power class the
+        last write may come back with NUL bytes, and is then torn rather than corrupt."""
+        power = self.durability == "power"
+        return {"nul_tail": power, "nul_window": self.batch_bytes if power else 0}
 
 
 class SyncBackend(Protocol):
@@ -78,12 +85,19 @@ def check_max_line_bytes(value: object) -> int:
 
 
 def reduce_stored(
-    data: bytes, path: Path, *, nul_tail: bool = False, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    data: bytes,
+    path: Path,
+    *,
+    nul_tail: bool = False,
+    nul_window: int = 0,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
 ) -> tuple[CommitPipeline, int]:
     """The stored bytes of a backend to a pipeline; returns it and the committed length.
     `nul_tail` only for the power class (`core.loading`); the pipeline refuses to write a line
     longer than `max_line_bytes`, which the same store could not read back."""
-    reducer, end = load(data, path=path, max_line_bytes=max_line_bytes, nul_tail=nul_tail)
+    reducer, end = load(
+        data, path=path, max_line_bytes=max_line_bytes, nul_tail=nul_tail, nul_window=nul_window
+    )
     lines = data.count(b"\n", 0, end)
     return CommitPipeline(reducer, end, lines, max_line_bytes=max_line_bytes), end
 
@@ -153,9 +167,7 @@ class SessionStore(StoreStatus):
         try:
             check_max_line_bytes(max_line_bytes)
             data = backend.read()
-            pipeline, end = reduce_stored(
-                data, path, nul_tail=info.durability == "power", max_line_bytes=max_line_bytes
-            )
+            pipeline, end = reduce_stored(data, path, **info.nul_rule(), max_line_bytes=max_line_bytes)
             if end < len(data):
                 backend.truncate(end)
         except BaseException:

@@ -1,0 +1,106 @@
+"""kill -9: SIGKILL a child committing to each registered backend, at random moments, and check the
+log after every kill (`sessionlog.testing.crash`). Process class and power class alike promise
+that an acknowledged commit survives kill -9.
+
+CI runs 200 kills per backend; SESSIONLOG_SOAK=1 runs 2,000. Where a kill lands is random; no
+assertion depends on it (the number of torn tails is printed, not asserted).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+import sessionlog
+from sessionlog.testing.crash import Stream, run_kills, verify_log
+
+SOAK = os.environ.get("SESSIONLOG_SOAK") == "1"
+KILLS = 2_000 if SOAK else 200
+BACKENDS = list(sessionlog.backends())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kill9_never_loses_an_acknowledged_commit(backend: str, tmp_path: Path) -> None:
+    report = run_kills(backend, KILLS, directory=tmp_path)
+    print(
+        f"\n{backend} ({report.durability}): {report.kills} kills, {report.acknowledged} acknowledged, "
+        f"{report.lost} lost, {report.torn_tails} torn tails, {report.reopened} reopen+append checks"
+    )
+    assert report.failures == []  # includes every failed reopen + append
+    assert report.lost == 0
+    assert report.kills == KILLS
+    assert report.acknowledged > 0 and report.reopened > 0
+
+
+def test_the_child_runs_as_a_module(tmp_path: Path) -> None:
+    """`python -m sessionlog.testing.crash child ...`: the launcher a third party can use too."""
+    report = run_kills("jsonl", 4, directory=tmp_path, lanes=1, launcher="subprocess")
+    assert report.failures == [] and report.kills == 4
+
+
+def test_the_command_line_runs_kills(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "sessionlog.testing.crash", "run", "--backend", "jsonl", "--kills", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 kills" in done.stdout and "0 lost" in done.stdout
+
+
+def test_the_stream_is_deterministic_and_spans_100_bytes_to_megabytes() -> None:
+    stream = Stream(3)
+    assert stream.transaction(17) == Stream(3).transaction(17)
+    assert stream.transaction(17) != Stream(4).transaction(17)
+    sizes = [stream.size(index) for index in range(2_000)]
+    assert min(sizes) < 200 and max(sizes) > 2 << 20
+    assert {stream.fact_count(index) for index in range(50)} == {1, 2, 3}
+
+
+def _log(tmp_path: Path, backend: str, stream: Stream, count: int) -> bytes:
+    path = tmp_path / f"{backend}.jsonl"
+    with sessionlog.create(path, backend, provider="p", model="m", cwd="/") as store:
+        for index in range(count):
+            store.commit(stream.transaction(index))
+    return path.read_bytes()
+
+
+def test_the_check_catches_what_it_must(tmp_path: Path) -> None:
+    """`verify_log` is not vacuous: each way a log can be wrong after a kill is reported."""
+    stream = Stream(5, small=(100, 400), huge_fraction=0, medium_fraction=0)
+    data = _log(tmp_path, "jsonl", stream, 4)
+    head, *lines = data.splitlines(keepends=True)
+    good = verify_log(data, stream, rule={})
+    assert (good.transactions, good.torn_bytes, good.mismatch, good.error) == (4, 0, None, None)
+    assert good.lost(4) == 0 and good.lost(5) == 1  # one acknowledged commit more than it holds
+
+    torn = verify_log(data + lines[0][:30], stream, rule={})
+    assert torn.transactions == 4 and torn.torn_bytes == 30
+
+    duplicated = verify_log(head + lines[0] + lines[0], stream, rule={})
+    assert duplicated.error is not None and duplicated.lost(1) == 1
+
+    other = Stream(6, small=(100, 400), huge_fraction=0, medium_fraction=0)
+    foreign = verify_log(_log(tmp_path, "jsonl-fsync", other, 2), stream, rule={})
+    assert foreign.mismatch is not None  # valid, but not the issued stream
+
+    # The same transactions, split into one line per fact: reduces, but is not the stream.
+    split = [head]
+    for line in lines:
+        value = orjson.loads(line)
+        split += [orjson.dumps(fact) + b"\n" for fact in (value if isinstance(value, list) else [value])]
+    if len(split) > len(lines) + 1:
+        assert verify_log(b"".join(split), stream, rule={}).mismatch is not None
+
+    nul = head + lines[0] + lines[1][:10] + bytes(20) + lines[1][30:]
+    assert verify_log(nul, stream, rule={}).error is not None  # process class: corruption
+    power = verify_log(nul, stream, rule={"nul_tail": True})  # power class: a torn last line
+    assert power.transactions == 1 and power.torn_bytes == len(lines[1])

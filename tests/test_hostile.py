@@ -1,0 +1,220 @@
+"""Hostile input: a line above the configurable maximum is a CorruptionError, refused before it is
+copied (not memory exhaustion); deep nesting is a clear MALFORMED_JSON at every depth, never a
+crashed interpreter; a session path that is a symlink is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sessionlog
+from sessionlog import CorruptionError, SessionExistsError, SessionPathError, ValidationError, reduce_bytes
+from sessionlog.core.framing import DEFAULT_MAX_LINE_BYTES, MAX_NESTING_DEPTH, parse_line
+from sessionlog.testing.sessions import generate_session
+
+BACKENDS = list(sessionlog.backends())
+INFO = sessionlog.backends()
+HEADER = {"provider": "p", "model": "m", "cwd": "/"}
+
+
+def _header() -> bytes:
+    return generate_session(1, 0).to_bytes()
+
+
+def _user(content: str) -> dict[str, Any]:
+    return {"kind": "entry", "entry": {"type": "message", "message": {"role": "user", "content": content}}}
+
+
+def _session(
+    backend: str,
+    path: Path,
+    transactions: list[list[dict[str, Any]]] = (),
+    *,
+    create: bool = False,
+    **options: Any,
+) -> list[Exception | None]:
+    """Create or open the session, commit each transaction, close; what each commit raised."""
+    outcomes: list[Exception | None] = []
+    if INFO[backend].api == "sync":
+        opener = sessionlog.create if create else sessionlog.open
+        with opener(path, backend, **(HEADER if create else {}), **options) as store:
+            for transaction in transactions:
+                try:
+                    store.commit(transaction)
+                    outcomes.append(None)
+                except ValidationError as error:
+                    outcomes.append(error)
+        return outcomes
+
+    async def main() -> None:
+        opener = sessionlog.create_async if create else sessionlog.open_async
+        store = await opener(path, backend, **(HEADER if create else {}), **options)
+        try:
+            for transaction in transactions:
+                try:
+                    await store.commit(transaction)
+                    outcomes.append(None)
+                except ValidationError as error:
+                    outcomes.append(error)
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+    return outcomes
+
+
+# -- long lines ---------------------------------------------------------------------------------
+
+
+def test_a_line_over_the_maximum_is_refused_before_it_is_copied() -> None:
+    line = b'{"kind":"entry","junk":"' + b"x" * (32 << 20) + b'"}\n'
+    data = _header() + line
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptionError) as caught:
+            reduce_bytes(data, max_line_bytes=1 << 20)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (caught.value.code, caught.value.line) == ("MALFORMED_JSON", 2)
+    assert "exceeds the maximum of 1048576" in caught.value.detail
+    assert peak < 4 << 20  # the 32 MiB line was neither copied nor parsed
+
+
+def test_a_long_line_ending_in_cr_is_still_crlf_first() -> None:
+    data = _header() + b'{"a":"' + b"x" * 5000 + b'"}\r\n'
+    with pytest.raises(CorruptionError) as caught:
+        reduce_bytes(data, max_line_bytes=1000)
+    assert caught.value.code == "CRLF_NOT_ALLOWED"
+
+
+def test_the_default_maximum_is_64_mib(tmp_path: Path) -> None:
+    assert DEFAULT_MAX_LINE_BYTES == 64 << 20
+    path = tmp_path / "big.jsonl"
+    with path.open("wb") as file:
+        file.write(_header())
+        file.write(b'{"kind":"entry","content":"')
+        file.write(b"y" * (64 << 20))
+        file.write(b'"}\n')
+    with pytest.raises(CorruptionError) as caught:
+        sessionlog.open(path, "jsonl").close()
+    assert (caught.value.code, caught.value.line, caught.value.path) == ("MALFORMED_JSON", 2, str(path))
+    assert f"exceeds the maximum of {64 << 20}" in caught.value.detail
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_max_line_bytes_is_a_store_option(backend: str, tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    long, short = [_user("z" * 4096)], [_user("fits")]
+    refused, accepted = _session(backend, path, [long, short], create=True, max_line_bytes=4096)
+    assert isinstance(refused, ValidationError) and accepted is None
+    assert "above the maximum of 4096" in refused.detail  # it would not read back
+    assert reduce_bytes(path.read_bytes()).last_seq == 1  # nothing of it was written
+    assert _session(backend, path, [long]) == [None]  # the default maximum takes it
+    with pytest.raises(CorruptionError) as caught:
+        _session(backend, path, max_line_bytes=4096)
+    assert (caught.value.code, caught.value.line) == ("MALFORMED_JSON", 3)
+    for bad in (0, -1, "64", 1.5):
+        with pytest.raises(ValueError):
+            _session(backend, path, max_line_bytes=bad)
+    assert _session(backend, path, [short]) == [None]  # every refusal released the file
+
+
+# -- deep nesting -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("depth", [1, 100, 200, MAX_NESTING_DEPTH])
+def test_nesting_up_to_the_limit_parses(depth: int) -> None:
+    assert parse_line(b"[" * depth + b"]" * depth, 2, 0) is not None
+    value = parse_line(b'{"a":' * depth + b"1" + b"}" * depth, 2, 0)
+    assert isinstance(value, dict)
+
+
+@pytest.mark.parametrize("depth", [MAX_NESTING_DEPTH + 1, 1000, 1024, 1025, 5000, 100_000])
+def test_deeper_nesting_is_malformed_json(depth: int) -> None:
+    for raw in (b"[" * depth + b"]" * depth, b'{"a":' * depth + b"1" + b"}" * depth):
+        with pytest.raises(CorruptionError) as caught:
+            parse_line(raw, 7, 123)
+        error = caught.value
+        assert (error.code, error.line, error.offset) == ("MALFORMED_JSON", 7, 123)
+        assert f"nesting deeper than {MAX_NESTING_DEPTH}" in error.detail
+
+
+def _with_deep_arguments(depth: int) -> tuple[bytes, int]:
+    """A valid session cut after its first toolStarted, whose arguments are nested `depth` deep."""
+    session = generate_session(4, 40)
+    lines = session.to_bytes().splitlines(keepends=True)
+    for number, raw in enumerate(lines[1:], start=2):
+        value = json.loads(raw)
+        facts = value if isinstance(value, list) else [value]
+        for fact in facts:
+            if fact["kind"] == "record" and fact["record"]["type"] == "toolStarted":
+                nested: Any = {}
+                for _ in range(depth - 1):
+                    nested = {"n": nested}
+                fact["record"]["arguments"] = nested
+                line = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+                return b"".join([*lines[: number - 1], line]), number
+    raise AssertionError("no toolStarted in the generated session")
+
+
+def test_deep_arguments_in_a_fact() -> None:
+    fits, line = _with_deep_arguments(MAX_NESTING_DEPTH - 8)  # the fact and its record add depth
+    state = reduce_bytes(fits)
+    assert state.to_json()["operation"]["toolCalls"]  # and the state copies it without recursion trouble
+    too_deep, line = _with_deep_arguments(MAX_NESTING_DEPTH + 1)
+    with pytest.raises(CorruptionError) as caught:
+        reduce_bytes(too_deep)
+    assert (caught.value.code, caught.value.line) == ("MALFORMED_JSON", line)
+
+
+def test_a_million_brackets_do_not_crash_the_interpreter(tmp_path: Path) -> None:
+    path = tmp_path / "deep.jsonl"
+    path.write_bytes(_header() + b"[" * 1_000_000 + b"]" * 1_000_000 + b"\n")
+    script = (
+        "import sys, sessionlog\n"
+        "try:\n"
+        "    sessionlog.open(sys.argv[1], 'jsonl')\n"
+        "except sessionlog.CorruptionError as error:\n"
+        "    print(error.code, error.line)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr  # a crashed interpreter would die by a signal
+    assert done.stdout.split() == ["MALFORMED_JSON", "2"]
+
+
+# -- paths --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_symlinked_session_is_refused(backend: str, tmp_path: Path) -> None:
+    real = tmp_path / "real.jsonl"
+    _session(backend, real, [[_user("hello")]], create=True)
+    before = real.read_bytes()
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(real)
+    with pytest.raises(SessionPathError, match="symlink"):
+        _session(backend, link)
+    with pytest.raises((SessionPathError, SessionExistsError)):  # create never follows it either
+        _session(backend, link, create=True)
+    dangling = tmp_path / "dangling.jsonl"
+    dangling.symlink_to(tmp_path / "nowhere.jsonl")
+    with pytest.raises((SessionPathError, SessionExistsError)):
+        _session(backend, dangling, create=True)
+    assert not (tmp_path / "nowhere.jsonl").exists()
+    assert real.read_bytes() == before and os.path.islink(link)
+    directory = tmp_path / "a-directory"
+    directory.mkdir()
+    with pytest.raises(SessionPathError):
+        _session(backend, directory)
+    assert _session(backend, real, [[_user("still mine")]]) == [None]
