@@ -25,7 +25,8 @@ refused as corruption (never misread). A filesystem that can show it (no ordered
 data=writeback) is outside what the power class assumes.
 
 Checks. Every state that reduces must hold a line prefix of what the workload wrote (else it
-is *misread*: a violation in either class). Power class (`nul_tail=True`, the NUL rule): every
+is *misread*: a violation in either class). Power class (read with the backend's NUL rule,
+`BackendInfo.nul_rule()`): every
 state opens, except a missing file before `create` returned, and holds every commit whose sync
 returned (acknowledged before the crash point). Process class: the states that lose an
 acknowledged commit (refused, missing, or shorter) are counted: the class promises kill -9, not
@@ -328,8 +329,8 @@ class PowerLossReport:
     `refused_intact`: refused states whose error lies after every acknowledged line (those
     bytes are intact; truncating at the error would recover them). `nul_in_batch`: power-class
     states refused for a NUL-bearing line that is not the last one, after every acknowledged
-    line: a page lost inside a multi-line unacknowledged write (group commit), which the NUL
-    rule (last line only) does not cover."""
+    line: a page lost inside a multi-line unacknowledged write (group commit) that the
+    backend's NUL rule did not cover (its `nul_window` too small)."""
 
     backend: str
     durability: str
