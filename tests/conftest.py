@@ -40,3 +40,17 @@ T = TypeVar("T")
 
 def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     return asyncio.run(main())
+
+
+# A configuration snapshot declaring `read` and `write`, shared by the core and recovery tests.
+SNAPSHOT = {
+    "model": "m",
+    "systemPromptDigest": "sha256:" + "0" * 64,
+    "tools": [
+        {"name": "read", "definitionDigest": "sha256:" + "1" * 64},
+        {"name": "write", "definitionDigest": "sha256:" + "2" * 64},
+    ],
+    "adapterIdentity": "adapter",
+    "routingIdentity": "routing",
+    "outputOptionsDigest": "sha256:" + "0" * 64,
+}

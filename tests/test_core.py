@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 import sessionlog
+from conftest import SNAPSHOT
 from sessionlog.core import facts as F
 from sessionlog.core.canonical import canonical
 from sessionlog.core.commit import CommitPipeline, encode_header
@@ -16,17 +17,6 @@ from sessionlog.core.loading import load
 from sessionlog.core.reducer import SYNTHETIC_CONTENT
 from sessionlog.core.state import SessionState
 
-SNAPSHOT = {
-    "model": "m",
-    "systemPromptDigest": "sha256:" + "0" * 64,
-    "tools": [
-        {"name": "read", "definitionDigest": "sha256:" + "1" * 64},
-        {"name": "write", "definitionDigest": "sha256:" + "2" * 64},
-    ],
-    "adapterIdentity": "adapter",
-    "routingIdentity": "routing",
-    "outputOptionsDigest": "sha256:" + "0" * 64,
-}
 HEADER = encode_header(cwd="/w", provider="p", model="m", environment_identity="env")
 
 

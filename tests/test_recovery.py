@@ -12,23 +12,12 @@ from typing import Any
 import pytest
 
 import sessionlog
-from conftest import FIXTURES, PLANNER_FIXTURES, shared_manifest
+from conftest import FIXTURES, PLANNER_FIXTURES, SNAPSHOT, shared_manifest
 from sessionlog.core import facts as F
 from sessionlog.core.planner import MODEL_ERROR
 from sessionlog.core.reducer import SYNTHETIC_CONTENT
 from sessionlog.testing.sessions import generate_session
 
-SNAPSHOT = {
-    "model": "m",
-    "systemPromptDigest": "sha256:" + "0" * 64,
-    "tools": [
-        {"name": "read", "definitionDigest": "sha256:" + "1" * 64},
-        {"name": "write", "definitionDigest": "sha256:" + "2" * 64},
-    ],
-    "adapterIdentity": "adapter",
-    "routingIdentity": "routing",
-    "outputOptionsDigest": "sha256:" + "0" * 64,
-}
 OTHER_SNAPSHOT = {**SNAPSHOT, "model": "another"}
 CURRENT: dict[str, Any] = {
     "configurationDigest": sessionlog.configuration_digest(SNAPSHOT),

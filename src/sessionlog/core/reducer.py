@@ -968,8 +968,7 @@ class Reducer:
             self._snapshots[encoded] = known
         return known
 
-    def _validate_snapshot(self, value: Any, line: int, seq: int) -> Snapshot:
-        snapshot = value
+    def _validate_snapshot(self, snapshot: Any, line: int, seq: int) -> Snapshot:
         if type(snapshot) is not dict:
             raise _fail("INVALID_FACT", line, seq, "configurationSnapshot is not an object")
         if not _SNAPSHOT.issuperset(snapshot):
@@ -996,8 +995,7 @@ class Reducer:
             raise _fail("INVALID_FACT", line, seq, "snapshot digests or tools are malformed")
         tools = []
         names = set()
-        for raw in raw_tools:
-            tool = raw
+        for tool in raw_tools:
             if type(tool) is not dict:
                 raise _fail("INVALID_FACT", line, seq, "a snapshot tool is not an object")
             if not _SNAPSHOT_TOOL.issuperset(tool):
