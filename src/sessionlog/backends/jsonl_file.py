@@ -233,7 +233,12 @@ def _check_free(path: Path) -> None:
 
 
 def _write_all(ops: FileOps, fd: int, data: bytes) -> None:
-    view = memoryview(data)
+    written = ops.write(fd, data)
+    if written == len(data):  # the usual case: one call wrote it all
+        return
+    if written <= 0:
+        raise OSError(errno.EIO, "write made no progress")
+    view = memoryview(data)[written:]
     while view:
         written = ops.write(fd, view)
         if written <= 0:

@@ -156,7 +156,8 @@ class AsyncSessionStore(StoreStatus):
         the backend's class. ValidationError: rejected at once, nothing queued or written.
         A caller cancelled while waiting must assume the commit landed: it is written whole
         unless the store is poisoned (see the module docstring)."""
-        self._check()
+        if self._closed or self._poisoned is not None:
+            self._check()
         prepared = self._pipeline.prepare(facts, keep_state=self._starts_batch)
         size = len(prepared.line)
         if prepared.state_before is not None:
@@ -277,9 +278,8 @@ class AsyncSessionStore(StoreStatus):
         return batch
 
     def _landed(self, batch: list[_Queued]) -> None:
-        acknowledge = self._pipeline.acknowledge
+        self._pipeline.acknowledge(*[prepared for prepared, _ in batch])
         for prepared, future in batch:
-            acknowledge(prepared)
             if not future.done():  # a cancelled caller's future is done already
                 future.set_result(prepared.facts)
         if self._flushers:

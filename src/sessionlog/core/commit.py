@@ -25,10 +25,9 @@ from .ids import new_id
 from .reducer import Reducer
 from .state import SessionState
 
-_ASSIGNED = ("seq", "timestamp")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Prepared:
     """A validated transaction, not yet acknowledged by its backend."""
 
@@ -89,7 +88,7 @@ class CommitPipeline:
         """`keep_state`: snapshot the state before this transaction, for `state()` while it is in
         flight; a callable decides from the encoded line's length (a store that writes batches
         needs the snapshot only where a batch begins)."""
-        if isinstance(facts, Mapping):
+        if type(facts) is not list and isinstance(facts, Mapping):
             raise TypeError("commit takes a list of facts (one transaction), not a single fact")
         reducer = self.reducer
         line_number = self.lines + len(self._pending) + 1
@@ -99,20 +98,18 @@ class CommitPipeline:
         committed: list[dict[str, Any]] = []
         for index, fact in enumerate(facts):
             seq = first_seq + index
-            if not isinstance(fact, Mapping):
+            if type(fact) is not dict and not isinstance(fact, Mapping):
                 raise ValidationError("INVALID_FACT", line_number, None, f"fact {index} is not a mapping")
-            for key in _ASSIGNED:
-                if key in fact:
-                    raise ValidationError("INVALID_FACT", line_number, seq, f"{key} is assigned by the store")
-            out = {
-                "kind": fact.get("kind"),
-                "seq": seq,
-                "id": fact.get("id") or new_id(),
-                "timestamp": timestamp,
-            }
-            for key, value in fact.items():
-                if key != "kind" and key != "id":
-                    out[key] = value
+            if "seq" in fact or "timestamp" in fact:
+                key = "seq" if "seq" in fact else "timestamp"
+                raise ValidationError("INVALID_FACT", line_number, seq, f"{key} is assigned by the store")
+            fact_id = fact.get("id")
+            # The store's fields first, then the caller's in their order (kind and id keep their
+            # places); a missing or empty id is made here.
+            out = {"kind": fact.get("kind"), "seq": seq, "id": fact_id, "timestamp": timestamp}
+            out.update(fact)
+            if not fact_id:
+                out["id"] = new_id()
             committed.append(out)
         if not committed:
             raise ValidationError(
@@ -152,15 +149,19 @@ class CommitPipeline:
         self._pending_bytes += len(line)
         return prepared
 
-    def acknowledge(self, prepared: Prepared) -> None:
-        """The backend stored `prepared` (the oldest pending transaction)."""
-        if not self._pending or self._pending[0] is not prepared:
-            raise RuntimeError("transactions are acknowledged in the order they were prepared")
-        self._pending.popleft()
-        self._pending_bytes -= len(prepared.line)
-        self.length += len(prepared.line)
-        self.lines += 1
-        if not self._pending:
+    def acknowledge(self, *batch: Prepared) -> None:
+        """The backend stored `batch` (the oldest pending transactions, in order)."""
+        pending = self._pending
+        size = 0
+        for prepared in batch:
+            if not pending or pending[0] is not prepared:
+                raise RuntimeError("transactions are acknowledged in the order they were prepared")
+            pending.popleft()
+            size += len(prepared.line)
+        self._pending_bytes -= size
+        self.length += size
+        self.lines += len(batch)
+        if not pending:
             self.reducer.release()
 
     def abandon(self, prepared: Prepared) -> list[Prepared]:
