@@ -26,7 +26,6 @@ from .reducer import Reducer
 from .state import SessionState
 
 
-
 @dataclass(eq=False, slots=True)
 class Prepared:
     """A validated transaction, not yet acknowledged by its backend."""
