@@ -16,6 +16,21 @@ async commit here. Each row's note also gives the time spent in the cyclic garba
 
     python -m benchmarks.async_backends [--full] [--json]
 
+Floors, measured in the same interleaved rounds, say how far this design can go on this machine:
+
+* ``core 1x1``: the part every store shares, with no I/O: the fact builder, then
+  ``CommitPipeline.prepare`` (seq, id, timestamp, encode, validate on the live reducer) and
+  ``acknowledge``.
+* ``floor asyncio 64x1`` (process) and ``floor asyncio+fdatasync 64x1`` (power): 64 tasks, each
+  awaiting one future per commit, and one writer task that writes everything queued in one
+  executor hop (plus one fdatasync): the async design with nothing of sessionlog in it (no
+  validation, no encoding, a ready-made line).
+
+So no async store that validates in the core and gives each committer a task can exceed
+``ceiling = t(sync row) / (t(core) + t(floor))`` for the ratio to a sync row: ``async_64_ceiling``
+(against ``jsonl 1x1``) and ``group_64_ceiling`` (against ``jsonl-fsync 1x1``). A ceiling below a
+target means no implementation of that design reaches the target here.
+
 Ratios come from one run; this is never a test.
 """
 
@@ -40,6 +55,8 @@ from benchmarks.ceilings import BenchRow, make_row, percentile, time_commits
 from sessionlog.backends.jsonl_file import FileOps
 from sessionlog.core import facts as F
 from sessionlog.core.async_store import AsyncSessionStore
+from sessionlog.core.commit import CommitPipeline, encode_header
+from sessionlog.core.store import reduce_stored
 
 COMMITTERS = 64
 LINE = 500
@@ -185,10 +202,132 @@ class Case:
         return row
 
 
+class FloorCase(Case):
+    """The async design with nothing of sessionlog in it: `committers` tasks each await one
+    future per commit; one writer task joins every queued line into one write (and, `sync`, one
+    fdatasync) in one executor hop, then resolves their futures."""
+
+    def __init__(self, sync: bool, committers: int) -> None:
+        self.sync = sync
+        self.backend = "floor asyncio+fdatasync" if sync else "floor asyncio"
+        self.committers = committers
+        self.samples = []
+        self.seconds = self.gc_seconds = 0.0
+        self.gc_runs = 0
+        self.fd = -1
+        self.path = pathlib.Path()
+        self.line = b""
+
+    async def open(self, directory: pathlib.Path, content: str) -> None:
+        self.path = directory / f"floor-{self.sync}.jsonl"
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        self.line = orjson.dumps(_transaction(content)[0]) + b"\n"
+
+    def _write(self, data: bytes) -> None:
+        os.write(self.fd, data)
+        if self.sync:
+            os.fdatasync(self.fd)
+
+    async def round(self, commits: int, content: str) -> None:
+        loop = asyncio.get_running_loop()
+        queue: list[tuple[bytes, asyncio.Future[None]]] = []
+        writer: list[asyncio.Task[None]] = []
+        clock = time.perf_counter_ns
+        samples: list[int] = []
+
+        async def drain() -> None:
+            while queue:
+                batch = queue[:]
+                del queue[:]
+                await loop.run_in_executor(None, self._write, b"".join(line for line, _ in batch))
+                for _, future in batch:
+                    future.set_result(None)
+            writer.clear()
+
+        async def commit() -> None:
+            future = loop.create_future()
+            queue.append((self.line, future))
+            if not writer:
+                writer.append(loop.create_task(drain()))
+            await future
+
+        async def committer() -> None:
+            for _ in range(commits // self.committers):
+                started = clock()
+                await commit()
+                samples.append(clock() - started)
+
+        with GC_CLOCK.counting(self):
+            started = time.perf_counter()
+            await asyncio.gather(*(committer() for _ in range(self.committers)))
+            self.seconds += time.perf_counter() - started
+        self.samples += samples
+
+    async def close(self) -> None:
+        os.close(self.fd)
+
+    def row(self, hop_us: float) -> BenchRow:
+        row = make_row(
+            f"{self.backend} {self.committers}x1",
+            "floor",
+            "power" if self.sync else "process",
+            self.samples,
+            self.seconds,
+            note="no validation, no encoding: futures, task switches, one hop per batch"
+            f"; gc {self.gc_seconds / len(self.samples) * 1e6:.1f} us per commit",
+        )
+        row["committers"] = self.committers
+        return row
+
+
+class CoreCase(Case):
+    """What every store does per commit before its I/O: build the fact, prepare, acknowledge."""
+
+    def __init__(self) -> None:
+        super().__init__("jsonl", 1)
+        self.backend = "core"
+        self.pipeline: CommitPipeline | None = None
+
+    async def open(self, directory: pathlib.Path, content: str) -> None:
+        header = encode_header(**_HEADER)
+        self.pipeline, _ = reduce_stored(header, directory / "core.jsonl")
+        for _ in range(WARMUP):
+            self.pipeline.acknowledge(self.pipeline.prepare(_transaction(content)))
+
+    async def round(self, commits: int, content: str) -> None:
+        pipeline = self.pipeline
+        assert pipeline is not None
+        with GC_CLOCK.counting(self):
+            samples, seconds = time_commits(
+                lambda _: pipeline.acknowledge(pipeline.prepare(_transaction(content))), commits
+            )
+        self.samples += samples
+        self.seconds += seconds
+
+    async def close(self) -> None:
+        assert self.pipeline is not None
+        if self.pipeline.reducer.next_seq != len(self.samples) + WARMUP + 1:
+            raise RuntimeError("core: the pipeline lost a commit")
+
+    def row(self, hop_us: float) -> BenchRow:
+        row = make_row(
+            "core 1x1",
+            "floor",
+            "none",
+            self.samples,
+            self.seconds,
+            note="builder + prepare + acknowledge, no I/O"
+            f"; gc {self.gc_seconds / len(self.samples) * 1e6:.1f} us per commit",
+        )
+        row["committers"] = 1
+        return row
+
+
 async def measure(directory: pathlib.Path, commits: int, rounds: int, content: str) -> list[Case]:
     """Every case, in `rounds` interleaved rounds (the order rotating), so that a drift of the
     machine (another process syncing the same disk) hits every row alike."""
     cases = [Case(backend, committers) for backend, committers in SHAPES]
+    cases += [CoreCase(), FloorCase(False, COMMITTERS), FloorCase(True, COMMITTERS)]
     for case in cases:
         await case.open(directory, content)
     per_round = commits // rounds
@@ -254,12 +393,16 @@ def hop_cost(rounds: int = 2_000) -> float:
     return asyncio.run(measure())
 
 
-def run(quick: bool = True, directory: pathlib.Path | None = None) -> dict[str, Any]:
-    """Measure the six rows and the issue's three ratios (plus the one-committer jsonl-async one)."""
+def run(
+    quick: bool = True, directory: pathlib.Path | None = None, *, commits: int = 0, rounds: int = 0
+) -> dict[str, Any]:
+    """Measure the rows and the issue's three ratios (plus the one-committer jsonl-async one) and
+    this design's ceilings. `commits` and `rounds` override the mode's counts (tests use tiny ones)."""
     if directory is None:
         with tempfile.TemporaryDirectory(prefix="sessionlog-bench-") as tmp:
-            return run(quick, pathlib.Path(tmp))
-    commits, rounds = (2_048, 8) if quick else (12_800, 20)
+            return run(quick, pathlib.Path(tmp), commits=commits, rounds=rounds)
+    default_commits, default_rounds = (2_048, 8) if quick else (12_800, 20)
+    commits, rounds = commits or default_commits, rounds or default_rounds
     content = _content()
     hop_us = hop_cost(1_000 if quick else 5_000)
     cases = asyncio.run(measure(directory, commits, rounds, content))
@@ -271,6 +414,13 @@ def run(quick: bool = True, directory: pathlib.Path | None = None) -> dict[str, 
         "async_64_ratio": rate["jsonl-async 64x1"] / rate["jsonl 1x1"],
         "async_1_ratio": rate["jsonl-async 1x1"] / rate["jsonl 1x1"],
     }
+    per_commit = {name: 1 / commits_per_s for name, commits_per_s in rate.items()}
+    core = per_commit["core 1x1"]
+    ceilings = {
+        "async_64_ceiling": per_commit["jsonl 1x1"] / (core + per_commit[f"floor asyncio {COMMITTERS}x1"]),
+        "group_64_ceiling": per_commit["jsonl-fsync 1x1"]
+        / (core + per_commit[f"floor asyncio+fdatasync {COMMITTERS}x1"]),
+    }
     return {
         "commits": commits,
         "rounds": rounds,
@@ -279,6 +429,7 @@ def run(quick: bool = True, directory: pathlib.Path | None = None) -> dict[str, 
         "hop_us": hop_us,
         "rows": list(rows.values()),
         **figures,
+        **ceilings,
         "targets": dict(TARGETS),
         "meets": {key: figures[key] >= bound for key, bound in TARGETS.items()},
     }
@@ -303,9 +454,13 @@ def _table(result: dict[str, Any]) -> str:
         "group_1_ratio": "jsonl-group 1 committer / jsonl-fsync 1",
         "async_64_ratio": "jsonl-async 64 committers / jsonl 1",
     }
+    ceiling_of = {"group_64_ratio": "group_64_ceiling", "async_64_ratio": "async_64_ceiling"}
     for key, label in labels.items():
         ok = "yes" if result["meets"][key] else "NO"
-        out.append(f"{label:<44} {result[key]:>8.2f}x {'>= ' + str(result['targets'][key]):>8}  {ok}")
+        line = f"{label:<44} {result[key]:>8.2f}x {'>= ' + str(result['targets'][key]):>8}  {ok}"
+        if key in ceiling_of:
+            line += f"  (this design's ceiling here: {result[ceiling_of[key]]:.2f}x)"
+        out.append(line)
     out.append(
         f"{'jsonl-async 1 committer / jsonl 1 (no target)':<44} {result['async_1_ratio']:>8.2f}x"
         f"{'':>9}  (one hop per commit: {result['hop_us']:.0f} us)"

@@ -20,6 +20,11 @@ The same three figures are also measured on profile ``bulk-flat`` (the same sess
 compactions, under ``without_compactions``): a compaction digests every message so far, so the
 difference is the O(session) cost of compacting (``canonical.source_digest``).
 
+The throughput ratio depends on the bytes per fact: parsing costs per byte, validating mostly per
+fact. ``by_text_scale`` measures it on ``bulk-flat`` sessions of 20,000 facts whose message and
+argument texts are 1, 4, 16 and 64 times as long (``generate_session(text_scale=...)``): from
+~620 to ~8,800 bytes per fact.
+
 Times are best of N (N = 3 quick, 7 full), from a warm page cache, with no I/O timed; the machine
 should be otherwise idle.
 """
@@ -154,12 +159,38 @@ def measure(profile: str = "bulk", repeats: int = 3) -> dict[str, Any]:
     }
 
 
+TEXT_SCALES = (1, 4, 16, 64)
+SCALE_FACTS = 20_000
+
+
+def by_text_scale(repeats: int = 3) -> list[dict[str, Any]]:
+    """The throughput ratio as the texts grow: where validating per fact stops dominating."""
+    out = []
+    for scale in TEXT_SCALES:
+        data = generate_session(SEED, SCALE_FACTS, profile="bulk-flat", text_scale=scale).to_bytes()
+        reduce_s = min(_timings(lambda: reduce_bytes(data), repeats))  # noqa: B023
+        parse_s = min(_timings(lambda: _bare_parse(data), repeats))  # noqa: B023
+        out.append(
+            {
+                "text_scale": scale,
+                "facts": SCALE_FACTS,
+                "bytes_per_fact": len(data) / SCALE_FACTS,
+                "reduce_s": reduce_s,
+                "parse_s": parse_s,
+                "throughput_ratio": parse_s / reduce_s,
+                "mb_per_s": len(data) / reduce_s / 1e6,
+            }
+        )
+    return out
+
+
 def run(quick: bool = True) -> dict[str, Any]:
     """The figures on the bulk profile (the headline), and on bulk-flat, the same sessions
     without compactions, under ``without_compactions``: the difference is what compacting costs."""
     repeats = 3 if quick else 7
     result = measure("bulk", repeats)
     result["without_compactions"] = measure("bulk-flat", repeats)
+    result["by_text_scale"] = by_text_scale(repeats)
     return result
 
 
@@ -199,6 +230,13 @@ def main(argv: list[str] | None = None) -> int:
         print(_table(result))
         print("\nthe same without compactions (profile bulk-flat):")
         print(_table(result["without_compactions"]))
+        print(f"\nthroughput ratio by text length (bulk-flat, {SCALE_FACTS:,} facts):")
+        print(f"{'text scale':>10} {'bytes/fact':>11} {'parse/reduce':>13} {'reduce MB/s':>12}")
+        for row in result["by_text_scale"]:
+            print(
+                f"{row['text_scale']:>10} {row['bytes_per_fact']:>11,.0f} "
+                f"{row['throughput_ratio']:>12.3f}x {row['mb_per_s']:>12.0f}"
+            )
     return 0
 
 

@@ -33,6 +33,8 @@ class Target:
     figure: Callable[[Result], float | None]  # from the module's run() result
     fallback: Fallback | None = None  # the same figure from this suite's own rows
     how: str = ""  # what the fallback compares
+    # the best this design can reach here, from floors measured in the same run (module result)
+    ceiling: Callable[[Result], float | None] | None = None
 
 
 def run_others(full: bool, progress: Progress | None = None) -> dict[str, Result]:
@@ -145,12 +147,13 @@ TARGETS = (
            lambda rows, _sessions: _paired(rows, "jsonl-fsync 1x1"), "jsonl-fsync 1x1 vs its paired ceiling"),
     Target(4, "jsonl-group 64 committers / jsonl-fsync 1", ">=", 8.0, "async_backends",
            _get("group_64_ratio"), _rows_ratio("jsonl-group 64x1", "jsonl-fsync 1x1"),
-           "rows jsonl-group 64x1 / jsonl-fsync 1x1"),
+           "rows jsonl-group 64x1 / jsonl-fsync 1x1", _get("group_64_ceiling")),
     Target(4, "jsonl-group 1 committer / jsonl-fsync 1", ">=", 0.6, "async_backends", _get("group_1_ratio"),
            _normalized("jsonl-group 1x1", "jsonl-fsync 1x1"),
            "jsonl-group 1x1 / jsonl-fsync 1x1, each against its paired write+fdatasync"),
     Target(4, "jsonl-async 64 committers / jsonl 1", ">=", 1.0, "async_backends", _get("async_64_ratio"),
-           _rows_ratio("jsonl-async 64x1", "jsonl 1x1"), "rows jsonl-async 64x1 / jsonl 1x1"),
+           _rows_ratio("jsonl-async 64x1", "jsonl 1x1"), "rows jsonl-async 64x1 / jsonl 1x1",
+           _get("async_64_ceiling")),
 )  # fmt: skip
 
 _OPS = {">=": operator.ge, "<=": operator.le}
@@ -175,6 +178,9 @@ def evaluate(
             why = result.get("error") or "no such figure in its result"
             source = f"benchmarks.{target.module}: {why}"
         verdict = "—" if value is None else "PASS" if _OPS[target.op](value, target.bound) else "MISS"
+        ceiling = None if target.ceiling is None or "error" in result else target.ceiling(result)
+        if ceiling is not None:
+            source += f"; this design's ceiling here (core + asyncio floor): {ceiling:.2f}x"
         out.append(
             {
                 "issue": target.issue,

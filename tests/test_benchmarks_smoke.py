@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("rich")
 pytest.importorskip("matplotlib")
 
-from benchmarks import suite, targets
+from benchmarks import async_backends, suite, targets
 from benchmarks.__main__ import main
 
 import sessionlog
@@ -111,3 +111,18 @@ def test_targets_use_module_figures_then_suite_rows() -> None:
     group = result["jsonl-group 1 committer / jsonl-fsync 1"]
     assert group["verdict"] == "MISS" and group["measured"] == pytest.approx(0.5)
     assert result["peak memory reducing 100k / file size"]["verdict"] == "—"
+
+
+def test_async_benchmark_measures_floors_and_ceilings(tmp_path: Path) -> None:
+    result = async_backends.run(directory=tmp_path, commits=256, rounds=2)
+    rows = {row["name"]: row for row in result["rows"]}
+    floors = {"core 1x1", "floor asyncio 64x1", "floor asyncio+fdatasync 64x1"}
+    assert floors <= set(rows) and all(rows[name]["kind"] == "floor" for name in floors)
+    assert all(rows[name]["commits_per_s"] > 0 for name in floors)
+    # ceiling = t(sync row) / (t(core) + t(floor)), from the rows of the same run
+    seconds = {name: 1 / row["commits_per_s"] for name, row in rows.items()}
+    expected = seconds["jsonl 1x1"] / (seconds["core 1x1"] + seconds["floor asyncio 64x1"])
+    assert result["async_64_ceiling"] == pytest.approx(expected)
+    assert result["group_64_ceiling"] > 0
+    shown = {t["target"]: t["source"] for t in targets.evaluate([], {"async_backends": result})}
+    assert "ceiling here" in shown["jsonl-async 64 committers / jsonl 1"]

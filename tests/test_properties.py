@@ -83,6 +83,18 @@ def test_bulk_sessions_reduce() -> None:
     assert len(data) / 6000 > 400  # ~500-byte messages
 
 
+def test_text_scale_lengthens_texts_and_keeps_sessions_valid() -> None:
+    plain = generate_session(3, 2000, profile="bulk-flat").to_bytes()
+    long = generate_session(3, 2000, profile="bulk-flat", text_scale=16).to_bytes()
+    assert reduce_bytes(long).last_seq == 2000
+    assert len(long) > 3 * len(plain)
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="text_scale"):
+            generate_session(3, 10, profile="bulk", text_scale=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="bulk profiles only"):
+        generate_session(3, 10, text_scale=2)
+
+
 def test_generation_is_deterministic() -> None:
     for seed in (0, 1, 2**31):
         assert generate_session(seed, 150).to_bytes() == generate_session(seed, 150).to_bytes()

@@ -427,7 +427,7 @@ _BULK_COMPACTIONS_AT = (1 / 3, 2 / 3)
 
 
 class _Generator:
-    def __init__(self, seed: int, budget: int, profile: str) -> None:
+    def __init__(self, seed: int, budget: int, profile: str, text_scale: int = 1) -> None:
         if profile not in _ODDS:
             raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
         self.seed = seed
@@ -435,6 +435,7 @@ class _Generator:
         self.rng = random.Random(seed)
         self.bulk = profile.startswith("bulk")
         self.compacts = profile != "bulk-flat"
+        self.text_scale = text_scale
         self.odds = _ODDS[profile]
         self.new_id = SeededIds(self.rng)
         self.clock = _EPOCH + self.rng.randrange(10**9)
@@ -516,6 +517,7 @@ class _Generator:
     def text(self, size: int) -> str:
         """About ``size`` characters of text."""
         if self.bulk:
+            size *= self.text_scale
             start = self.rng.randrange(len(_PROSE))
             return (_PROSE[start:] + _PROSE * (size // len(_PROSE) + 1))[:size]
         pieces = self.rng.choices(_PIECES, k=max(1, size // 12))
@@ -907,11 +909,19 @@ class _Generator:
         )
 
 
-def generate_session(seed: int, facts: int = 200, *, profile: str = "mixed") -> GeneratedSession:
-    """A valid session of exactly ``facts`` facts, the same for the same arguments."""
+def generate_session(
+    seed: int, facts: int = 200, *, profile: str = "mixed", text_scale: int = 1
+) -> GeneratedSession:
+    """A valid session of exactly ``facts`` facts, the same for the same arguments.
+    ``text_scale`` (bulk profiles only) multiplies the length of every message and argument text:
+    4 makes ~2 KB tool results, as a coding agent's file reads and command outputs often are."""
     if facts < 0:
         raise ValueError(f"facts must be >= 0, got {facts}")
-    return _Generator(seed, facts, profile).generate()
+    if type(text_scale) is not int or text_scale < 1:
+        raise ValueError(f"text_scale must be a positive integer, got {text_scale!r}")
+    if text_scale != 1 and not profile.startswith("bulk"):
+        raise ValueError("text_scale applies to the bulk profiles only")
+    return _Generator(seed, facts, profile, text_scale).generate()
 
 
 def sessions(
