@@ -8,15 +8,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 pytest.importorskip("rich")
 pytest.importorskip("matplotlib")
 
-from benchmarks import async_backends, suite, targets
+from benchmarks import async_backends, reduce, suite, targets
 from benchmarks.__main__ import main
 
 import sessionlog
+from sessionlog.testing.sessions import generate_session
 
 ROW_KEYS = {
     "name",
@@ -126,3 +128,19 @@ def test_async_benchmark_measures_floors_and_ceilings(tmp_path: Path) -> None:
     assert result["group_64_ceiling"] > 0
     shown = {t["target"]: t["source"] for t in targets.evaluate([], {"async_backends": result})}
     assert "ceiling here" in shown["jsonl-async 64 committers / jsonl 1"]
+
+
+def test_reduce_floor_counts_facts_and_refuses_what_every_fact_needs() -> None:
+    session = generate_session(5, 300, profile="bulk")
+    data = session.to_bytes()
+    assert reduce._floor(data) == 300
+    lines = data.split(b"\n")
+    first = orjson.loads(lines[1])
+    first = first[0] if isinstance(first, list) else first
+    for bad in (
+        data.replace(first["id"].encode(), first["id"].upper().encode(), 1),  # not a lowercase UUIDv7
+        b"\n".join([lines[0], lines[1], lines[1], *lines[2:]]),  # a repeated line: seq and id
+        data.replace(b'"seq":1,', b'"seq":1 ,', 1),  # not compact: the strict path would decide
+    ):
+        with pytest.raises(ValueError):
+            reduce._floor(bad)
