@@ -13,6 +13,7 @@ from conftest import SNAPSHOT
 from sessionlog.core import facts as F
 from sessionlog.core.canonical import canonical
 from sessionlog.core.commit import CommitPipeline, encode_header
+from sessionlog.core.framing import SECTOR
 from sessionlog.core.loading import load
 from sessionlog.core.reducer import SYNTHETIC_CONTENT
 from sessionlog.core.state import SessionState
@@ -387,10 +388,11 @@ def test_nul_rule_covers_the_last_write_of_a_group_commit() -> None:
     session = Session()
     session.commit([F.user_message("synced")])
     synced = session.data
-    for text in ("batch one", "batch two"):
+    for text in ("batch one" * 60, "batch two" * 60):
         session.commit([F.user_message(text)])
     batch = session.data[len(synced) :]
-    lost = synced + b"\0" * 12 + batch[12:]  # the batch's first page came back zeroed
+    hole = -len(synced) % SECTOR or SECTOR  # from the write's start to a sector boundary
+    lost = synced + b"\0" * hole + batch[hole:]  # the batch's first sector came back zeroed
     assert error_of(lost).code == "MALFORMED_JSON"
     with pytest.raises(sessionlog.CorruptionError):  # the last line only: still corruption
         sessionlog.reduce_bytes(lost, nul_tail=True)

@@ -100,7 +100,10 @@ def test_the_check_catches_what_it_must(tmp_path: Path) -> None:
     if len(split) > len(lines) + 1:
         assert verify_log(b"".join(split), stream, rule={}).mismatch is not None
 
-    nul = head + lines[0] + lines[1][:10] + bytes(20) + lines[1][30:]
+    start = len(head) + len(lines[0])
+    hole = -start % 512 or 512  # from the last write's start to a sector boundary
+    assert hole < len(lines[1]) - 1, "the stream's second line is longer than the hole"
+    nul = head + lines[0] + bytes(hole) + lines[1][hole:]
     assert verify_log(nul, stream, rule={}).error is not None  # process class: corruption
     power = verify_log(nul, stream, rule={"nul_tail": True})  # power class: a torn last line
     assert power.transactions == 1 and power.torn_bytes == len(lines[1])

@@ -18,7 +18,7 @@ import pytest
 
 import sessionlog
 from sessionlog import CorruptionError, reduce_bytes
-from sessionlog.core.framing import committed_length
+from sessionlog.core.framing import NUL_WINDOW, SECTOR, committed_length
 from sessionlog.testing.powerloss import (
     PowerLossReport,
     check_trace,
@@ -127,7 +127,7 @@ def test_every_state_is_enumerated_once_per_fate(tmp_path: Path) -> None:
 
 def _session(tmp_path: Path, backend: str = "jsonl-fsync", commits: int = 3) -> Path:
     path = tmp_path / f"{backend}.jsonl"
-    facts = [[_user(f"m{number}" * 40)] for number in range(commits)]
+    facts = [[_user(f"m{number}" * 300)] for number in range(commits)]  # lines over a sector
     if INFO[backend].api == "sync":
         with sessionlog.create(path, backend, provider="p", model="m", cwd="/") as store:
             for transaction in facts:
@@ -150,10 +150,16 @@ def _user(content: str) -> dict[str, Any]:
     return {"kind": "entry", "entry": {"type": "message", "message": {"role": "user", "content": content}}}
 
 
+def _line_starts(data: bytes) -> list[int]:
+    return [0, *[index + 1 for index, byte in enumerate(data) if byte == 0x0A][:-1]]
+
+
 def _with_nul_in_line(data: bytes, line: int) -> bytes:
-    starts = [0, *[index + 1 for index, byte in enumerate(data) if byte == 0x0A][:-1]]
-    at = starts[line - 1] + 20
-    return data[:at] + bytes(8) + data[at + 8 :]
+    """A hole a power loss leaves: NULs from where `line` begins to the next sector boundary (the
+    header is shorter than a sector: NULs up to its LF)."""
+    at = _line_starts(data)[line - 1]
+    stop = min((at // SECTOR + 1) * SECTOR, data.index(b"\n", at))
+    return data[:at] + bytes(stop - at) + data[stop:]
 
 
 def test_the_nul_rule_takes_only_a_nul_bearing_last_line(tmp_path: Path) -> None:
@@ -172,6 +178,70 @@ def test_the_nul_rule_takes_only_a_nul_bearing_last_line(tmp_path: Path) -> None
     assert reduce_bytes(data, nul_tail=True) == reduce_bytes(data)  # nothing to drop
     torn_nul = data + b'{"kind":' + bytes(5)  # NULs in the torn tail: torn anyway
     assert reduce_bytes(torn_nul).repaired_length == len(data)
+
+
+def test_a_stray_nul_is_corruption_even_in_the_last_line(tmp_path: Path) -> None:
+    """One flipped bit (a space becomes NUL) is no power-loss hole: refused, never cut."""
+    data = _session(tmp_path).read_bytes()
+    last = _line_starts(data)[-1]
+    for at in (last + 40, (last // SECTOR + 1) * SECTOR):  # inside the line; at a sector boundary
+        flipped = data[:at] + b"\0" + data[at + 1 :]
+        with pytest.raises(CorruptionError) as caught:
+            reduce_bytes(flipped, nul_tail=True, nul_window=NUL_WINDOW)
+        assert (caught.value.code, caught.value.line) == ("MALFORMED_JSON", 4)
+
+
+def test_a_hole_must_start_at_the_write_or_a_sector_and_end_at_a_sector_or_the_end(tmp_path: Path) -> None:
+    data = _session(tmp_path).read_bytes()
+    last = _line_starts(data)[-1]
+    boundary = (last // SECTOR + 1) * SECTOR
+    cut = {"nul_tail": True}
+    holes = {
+        "from the write to a sector": (last, boundary),
+        "a whole sector": (boundary, boundary + SECTOR),
+        "from a sector to the end": (boundary, len(data)),
+    }
+    for name, (start, stop) in holes.items():
+        image = data[:start] + bytes(stop - start) + data[stop:]
+        if stop == len(data):  # the LF went too: the hole is part of a torn tail
+            assert reduce_bytes(image, **cut).repaired_length == last, name
+            continue
+        assert reduce_bytes(image, **cut).repaired_length == last, name
+    not_holes = {
+        "ends inside a sector": (last, boundary - 1),
+        "starts inside a line and a sector": (last + 1, boundary),
+        "starts before the last write": (last - 1, boundary),
+    }
+    for name, (start, stop) in not_holes.items():
+        image = data[:start] + bytes(stop - start) + data[stop:]
+        with pytest.raises(CorruptionError):
+            reduce_bytes(image, **cut)
+            pytest.fail(name)
+
+
+def test_every_single_bit_flip_of_a_synced_power_class_log_is_refused_or_keeps_every_line(
+    tmp_path: Path,
+) -> None:
+    """The bit-flip sweep: no flip of any bit of a synced log makes a store drop a line."""
+    for backend in ("jsonl-fsync", "jsonl-group"):
+        path = _session(tmp_path, backend, commits=3)
+        data = path.read_bytes()
+        lines = data.count(b"\n")
+        rule = INFO[backend].nul_rule()
+        kept = refused = 0
+        for at in range(len(data)):
+            for bit in range(8):
+                flipped = bytearray(data)
+                flipped[at] ^= 1 << bit
+                try:
+                    state = sessionlog.core.store.reduce_stored(bytes(flipped), path, **rule)[0].state()
+                except CorruptionError:
+                    refused += 1
+                    continue
+                assert state.repaired_length == len(data), (backend, at, bit)
+                assert bytes(flipped).count(b"\n", 0, state.repaired_length) == lines, (backend, at, bit)
+                kept += 1
+        assert refused and kept  # some flips land in text (a different letter), most break a line
 
 
 def test_power_class_stores_open_a_nul_tail_and_cut_it(tmp_path: Path) -> None:

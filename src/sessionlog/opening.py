@@ -7,13 +7,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 # Import the subpackage `sessionlog.backends` before `sessionlog/__init__.py` binds the function
 # `backends`: the first import of a subpackage sets the parent's attribute, so the registry's later
 # import of `sessionlog.backends.jsonl` would otherwise replace the function with the package.
 from . import backends as _backend_modules  # noqa: F401
 from .core.commit import encode_header
+from .core.errors import ContractError, ValidationError
 from .core.framing import DEFAULT_MAX_LINE_BYTES
-from .core.store import BackendInfo, SessionStore
+from .core.reducer import validate_header
+from .core.store import BackendInfo, SessionStore, check_max_line_bytes
 from .plugins.registry import Registry, default_registry
 
 if TYPE_CHECKING:
@@ -37,14 +41,23 @@ def _resolve(backend: str, api: str, registry: Registry | None) -> tuple[Any, Ba
 def _header(
     provider: str, model: str, cwd: str | None, environment_identity: str | None, session_id: str | None
 ) -> bytes:
+    """The header line of a new session, validated as a reader will: nothing is created unless
+    it is one (ValidationError, code INVALID_HEADER)."""
     cwd = cwd if cwd is not None else os.getcwd()
-    return encode_header(
-        session_id=session_id,
-        cwd=cwd,
-        provider=provider,
-        model=model,
-        environment_identity=environment_identity if environment_identity is not None else cwd,
-    )
+    try:
+        header = encode_header(
+            session_id=session_id,
+            cwd=cwd,
+            provider=provider,
+            model=model,
+            environment_identity=environment_identity if environment_identity is not None else cwd,
+        )
+        validate_header(orjson.loads(header))
+    except TypeError as error:
+        raise ValidationError("INVALID_HEADER", 1, None, f"not encodable as JSON: {error}") from None
+    except ContractError as error:
+        raise ValidationError(error.code, 1, None, error.detail) from None
+    return header
 
 
 def create(
@@ -88,6 +101,7 @@ def _open_sync(
     options: dict[str, Any],
 ) -> SessionStore:
     factory, info = _resolve(backend, "sync", registry)
+    check_max_line_bytes(max_line_bytes)  # every argument is checked before the disk is touched
     path = Path(path)
     return SessionStore.open_backend(
         factory(path, create=header, **options), path, info, max_line_bytes=max_line_bytes
@@ -106,7 +120,9 @@ async def _open_async(
 
     factory, info = _resolve(backend, "async", registry)
     path = Path(path)
+    check_max_line_bytes(max_line_bytes)  # every argument is checked before the disk is touched
     store_options, backend_options = AsyncSessionStore.split_options(options)
+    AsyncSessionStore.check_options(store_options)
     opened = await factory(path, create=header, **backend_options)
     return await AsyncSessionStore.open_backend(
         opened, path, info, max_line_bytes=max_line_bytes, **store_options

@@ -14,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..core.async_store import DEFAULT_MAX_BATCH_BYTES
 from ..core.store import BackendInfo
 from ..plugins.hookspecs import Register, hookimpl
 from .jsonl import _no_options
@@ -26,7 +25,7 @@ INFO = BackendInfo(
     "power",
     "async",
     "JSONL file, group commit: one write + fdatasync per batch",
-    batch_bytes=DEFAULT_MAX_BATCH_BYTES,
+    group_commit=True,
 )
 
 

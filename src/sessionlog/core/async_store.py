@@ -36,11 +36,11 @@ from typing import Any, Self
 
 from .commit import CommitPipeline, Prepared
 from .errors import StoreClosedError
-from .framing import DEFAULT_MAX_LINE_BYTES
+from .framing import DEFAULT_MAX_LINE_BYTES, NUL_WINDOW
 from .state import SessionState
 from .store import AsyncBackend, BackendInfo, StoreStatus, check_max_line_bytes, reduce_stored
 
-DEFAULT_MAX_BATCH_BYTES = 4 << 20
+DEFAULT_MAX_BATCH_BYTES = NUL_WINDOW
 DEFAULT_MAX_BATCH_COMMITS = 1024
 STORE_OPTIONS = ("max_batch_bytes", "max_batch_commits", "max_wait_us")
 # Reducing a large log blocks the event loop for a while: do it in a worker thread instead.
@@ -55,6 +55,10 @@ def _check_options(
     for name, value in (("max_batch_bytes", max_batch_bytes), ("max_batch_commits", max_batch_commits)):
         if type(value) is not int or value < 1:
             raise ValueError(f"{name} must be a positive integer, not {value!r}")
+    if max_batch_bytes > NUL_WINDOW:  # a reader after power loss looks no further back than that
+        raise ValueError(
+            f"max_batch_bytes is at most {NUL_WINDOW} (framing.NUL_WINDOW), not {max_batch_bytes}"
+        )
     if max_wait_us is None:
         return max_batch_bytes, max_batch_commits, None
     if isinstance(max_wait_us, bool) or not isinstance(max_wait_us, int | float) or not max_wait_us >= 0:
@@ -109,6 +113,18 @@ class AsyncSessionStore(StoreStatus):
         backend = {key: value for key, value in options.items() if key not in STORE_OPTIONS}
         return store, backend
 
+    @staticmethod
+    def check_options(store_options: Mapping[str, Any]) -> None:
+        """TypeError or ValueError for store options this store does not take."""
+        unknown = set(store_options) - set(STORE_OPTIONS)
+        if unknown:
+            raise TypeError(f"unknown store options: {', '.join(sorted(unknown))}")
+        _check_options(
+            store_options.get("max_batch_bytes", DEFAULT_MAX_BATCH_BYTES),
+            store_options.get("max_batch_commits", DEFAULT_MAX_BATCH_COMMITS),
+            store_options.get("max_wait_us"),
+        )
+
     @classmethod
     async def open_backend(
         cls,
@@ -123,21 +139,11 @@ class AsyncSessionStore(StoreStatus):
         NUL-bearing last line) and wrap it; closes it on error. `store_options`: the batch bounds."""
         try:
             check_max_line_bytes(max_line_bytes)
-            unknown = set(store_options) - set(STORE_OPTIONS)
-            if unknown:
-                raise TypeError(f"unknown store options: {', '.join(sorted(unknown))}")
-            _check_options(
-                store_options.get("max_batch_bytes", DEFAULT_MAX_BATCH_BYTES),
-                store_options.get("max_batch_commits", DEFAULT_MAX_BATCH_COMMITS),
-                store_options.get("max_wait_us"),
-            )
+            cls.check_options(store_options)
             data = await backend.read()
-            rule = info.nul_rule()
-            if rule["nul_window"]:  # this store's own batches may be larger than the default
-                rule["nul_window"] = max(
-                    rule["nul_window"], store_options.get("max_batch_bytes", DEFAULT_MAX_BATCH_BYTES)
-                )
-            reduce = functools.partial(reduce_stored, data, path, **rule, max_line_bytes=max_line_bytes)
+            reduce = functools.partial(
+                reduce_stored, data, path, **info.nul_rule(), max_line_bytes=max_line_bytes
+            )
             if len(data) > _REDUCE_IN_THREAD_BYTES:
                 pipeline, end = await asyncio.to_thread(reduce)
             else:

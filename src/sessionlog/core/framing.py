@@ -42,6 +42,13 @@ DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
 # below needs no depth check of its own); the state's recursive copies stay far from Python's
 # recursion limit.
 MAX_NESTING_DEPTH = 254
+# The power-loss rule (`core.loading`): a NUL run is a hole only in whole 512-byte sectors (the
+# smallest unit a drive writes) or from where the last write began; and the last write of a
+# group-committing backend is at most NUL_WINDOW bytes (its batches are capped at that, a larger
+# single transaction is written alone). Constants of the format, so that any reader reads any
+# writer's log the same way.
+SECTOR = 512
+NUL_WINDOW = 4 << 20
 
 _SURROGATE = re.compile(rb"\xed[\xa0-\xbf][\x80-\xbf]")
 _UTF8_CHUNK = 1 << 20

@@ -2,31 +2,49 @@
 
 `nul_tail=True` is the power class's one repair beyond the torn tail (contract section 1). After
 power loss a filesystem may have recorded a file's new size but not all of its new data: the
-missing pages read back as NUL bytes, possibly followed by pages that did arrive, LF included. A
-line written that way was never acknowledged (its sync had not returned), and no encoder writes a
-raw NUL (JSON escapes it). So when the *last* committed line holds a NUL byte it is treated as
-torn: excluded from `repairedLength`, cut off before the first append. Only the last line, only
-NUL-bearing, and only for a store that asks (the power class): a NUL anywhere else, or in a
-process-class log, stays corruption.
+missing sectors read back as NUL bytes, possibly followed by sectors that did arrive, LF included.
+A line written that way was never acknowledged (its sync had not returned), and no encoder writes
+a raw NUL (JSON escapes it). So when the *last* committed line holds NULs of that shape, it is
+treated as torn: excluded from `repairedLength`, cut off before the first append.
+
+The shape is what makes it safe: a hole is a run of NULs that starts where the unsynced write
+began (a line start) or at a sector boundary (`framing.SECTOR`, 512 bytes, the weakest
+assumption), and ends at a sector boundary or at the end of the file. A flipped bit, or a NUL
+written by a bug, is a lone byte inside a line: that stays corruption, in the last line too, and
+so does any NUL in a process-class log.
 
 Group commit widens "the last line" to "the last write": one write there holds a whole batch of
-lines, none acknowledged until its sync returns, and a lost page may fall in any of them. With
-`nul_window=N` (the backend's largest batch, in bytes) a NUL in a line that starts within the
-last N committed bytes cuts the log at that line's start; the lines after it belong to the same
-unacknowledged write. A NUL further back is corruption as before.
+lines, none acknowledged until its sync returns, and a hole may fall in any of them. With
+`nul_window` (a group-committing backend's rule: `framing.NUL_WINDOW`, a constant of the format
+that caps every batch) a hole in a line that starts within the last `nul_window` committed bytes
+cuts the log at that line's start; the lines after it belong to the same unacknowledged write. A
+NUL further back is corruption as before.
 """
 
 from __future__ import annotations
 
 import gc
+import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import ContractError, CorruptionError
-from .framing import DEFAULT_MAX_LINE_BYTES, check_committed, committed_length, lines, parse_line
+from .framing import (
+    DEFAULT_MAX_LINE_BYTES,
+    NUL_WINDOW,
+    SECTOR,
+    check_committed,
+    committed_length,
+    lines,
+    parse_line,
+)
 from .reducer import Reducer, validate_header
 from .state import SessionState
+
+_NUL_RUN = re.compile(rb"\0+")
+_DECODER = json.JSONDecoder()
 
 
 @contextmanager
@@ -65,23 +83,65 @@ def load(
 
 
 def committed_end(data: bytes, *, nul_tail: bool = False, nul_window: int = 0) -> int:
-    """The committed length before any check: through the last LF, less, when `nul_tail`, a
-    NUL-bearing last line or (`nul_window`) every line from the first NUL-bearing one starting
-    within the last `nul_window` bytes; never the header."""
+    """The committed length before any check: through the last LF, less, when `nul_tail`, the
+    lines a power loss left holes in (see the module docstring); never the header."""
     end = committed_length(data)
-    if nul_tail and end > 0:
-        last = data.rfind(b"\n", 0, end - 1) + 1
-        if last == 0:
-            return end  # only the header
-        header_end = data.find(b"\n") + 1
-        first = last
-        if nul_window:  # the first line that starts within the last `nul_window` bytes
-            floor = max(header_end, end - nul_window)
-            first = floor if data[floor - 1] == 0x0A else data.find(b"\n", floor, end) + 1
-        nul = data.find(b"\0", min(first, last), end)
-        if nul >= 0:
-            return max(header_end, data.rfind(b"\n", 0, nul) + 1)
-    return end
+    if not nul_tail or end == 0:
+        return end
+    last = data.rfind(b"\n", 0, end - 1) + 1
+    if last == 0:
+        return end  # only the header
+    header_end = data.find(b"\n") + 1
+    first = last
+    if nul_window:  # the first line that starts within the last `nul_window` bytes
+        floor = max(header_end, end - min(nul_window, NUL_WINDOW))
+        first = min(last, floor if data[floor - 1] == 0x0A else data.find(b"\n", floor, end) + 1)
+    nul = data.find(b"\0", first, end)
+    if nul < 0 or not _holes_only(data, first, nul):
+        return end  # no NUL, or one no power loss leaves: the reducer refuses the line
+    return max(header_end, data.rfind(b"\n", 0, nul) + 1)
+
+
+def _holes_only(data: bytes, first: int, nul: int) -> bool:
+    """Whether every NUL from `nul` on lies in a run a power loss leaves: unwritten sectors. Such a
+    run starts where the unsynced write began (a line start at or after `first`) or at a sector
+    boundary, and ends at a sector boundary or at the end of the file. A flipped bit, a stray
+    NUL written by a bug, or a run reaching back before the last write never has that shape."""
+    size = len(data)
+    for run in _NUL_RUN.finditer(data, nul):
+        start, stop = run.span()
+        begins_write = start >= first and data[start - 1] == 0x0A
+        if (start % SECTOR and not begins_write) or (stop % SECTOR and stop != size):
+            return False
+    return True
+
+
+def check_torn_tail(data: bytes, end: int, *, path: str | Path | None = None) -> None:
+    """Refuse to treat as torn a tail that no interrupted write leaves. A writer appends whole
+    lines, so a torn tail is a prefix of one line and its LF: it never holds a complete JSON
+    value followed by more bytes. That shape is a committed line whose LF was damaged (one
+    flipped bit); cutting it would drop an acknowledged commit. (Unless the byte after the value
+    starts a sector: a power loss may leave an unwritten sector holding anything.) The contract's
+    reduction ignores the tail whatever it holds; this is what a store checks before it truncates."""
+    if end >= len(data) or data[end] not in b"[{":
+        return
+    tail = data[end:].decode("utf-8", "replace")
+    try:
+        _, stop = _DECODER.raw_decode(tail)
+    except ValueError:
+        return  # incomplete: what a torn write leaves
+    after = end + len(tail[:stop].encode())
+    if after == len(data) or not data[after:].strip(b"\0") or after % SECTOR == 0:
+        return  # the LF is missing or lies in an unwritten sector: a torn write
+    line = data.count(b"\n", 0, end) + 1
+    raise CorruptionError(
+        "MALFORMED_JSON",
+        line,
+        detail=f"a whole line followed by {tail[stop : stop + 1]!r} instead of LF: a damaged line end, "
+        "not a torn write (refusing to cut it)",
+        offset=end,
+        path=path,
+    )
 
 
 def _load(data: bytes, max_line_bytes: int, nul_tail: bool, nul_window: int) -> tuple[Reducer, int]:

@@ -15,8 +15,8 @@ from typing import Any, Literal, Protocol, Self
 
 from .commit import CommitPipeline
 from .errors import StoreClosedError, StorePoisonedError
-from .framing import DEFAULT_MAX_LINE_BYTES
-from .loading import load
+from .framing import DEFAULT_MAX_LINE_BYTES, NUL_WINDOW
+from .loading import check_torn_tail, load
 from .state import SessionState
 
 Durability = Literal["process", "power"]
@@ -32,13 +32,13 @@ class BackendInfo:
     durability: Durability
     api: Api
     description: str
-    batch_bytes: int = 0  # the largest write of several lines before one sync (group commit)
+    group_commit: bool = False  # one write (and sync) holds several lines, at most NUL_WINDOW bytes
 
     def nul_rule(self) -> dict[str, Any]:
         """How this backend's log reads after a power loss (`core.loading`): in the power class the
-        last write may come back with NUL bytes, and is then torn rather than corrupt."""
+        last write may come back with holes of NUL bytes, and is then torn rather than corrupt."""
         power = self.durability == "power"
-        return {"nul_tail": power, "nul_window": self.batch_bytes if power else 0}
+        return {"nul_tail": power, "nul_window": NUL_WINDOW if power and self.group_commit else 0}
 
 
 class SyncBackend(Protocol):
@@ -98,6 +98,7 @@ def reduce_stored(
     reducer, end = load(
         data, path=path, max_line_bytes=max_line_bytes, nul_tail=nul_tail, nul_window=nul_window
     )
+    check_torn_tail(data, end, path=path)
     lines = data.count(b"\n", 0, end)
     return CommitPipeline(reducer, end, lines, max_line_bytes=max_line_bytes), end
 

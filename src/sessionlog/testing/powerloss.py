@@ -156,7 +156,7 @@ class Trace:
     ops: list[Op]
     final: bytes
     commits: int
-    nul_window: int = 0  # the backend's group-commit window (BackendInfo.batch_bytes)
+    nul_window: int = 0  # the backend's group-commit window (BackendInfo.nul_rule)
 
     @property
     def rule(self) -> dict[str, Any]:
@@ -559,7 +559,16 @@ def record_trace(
         asyncio.run(_async_workload(path, backend, registry, ops, stream, rng, first, second, torn))
     final = path.read_bytes()
     path.unlink()
-    return Trace(backend, info.durability, seed, str(path), ops.ops, final, first + second, info.batch_bytes)
+    return Trace(
+        backend,
+        info.durability,
+        seed,
+        str(path),
+        ops.ops,
+        final,
+        first + second,
+        info.nul_rule()["nul_window"],
+    )
 
 
 def _torn_tail(seed: int, rng: random.Random) -> bytes:
