@@ -305,7 +305,7 @@ def test_a_poisoned_store_names_the_failure(tmp_path: Path) -> None:
     store.close()
 
 
-# -- the cross-process lock is opt-in -------------------------------------------------------------
+# -- the cross-process lock is the default ----------------------------------------------------------
 
 _HOLD_LOCK = """
 import fcntl, os, sys, time
@@ -317,7 +317,7 @@ sys.stdin.read()
 
 
 @pytest.mark.parametrize("backend", FILE_BACKENDS)
-def test_lock_true_is_refused_while_another_process_holds_the_lock(tmp_path: Path, backend: str) -> None:
+def test_the_lock_is_taken_by_default_and_skipping_it_is_named_unsafe(tmp_path: Path, backend: str) -> None:
     path = tmp_path / "s.jsonl"
     with create(path, backend):
         pass
@@ -330,12 +330,14 @@ def test_lock_true_is_refused_while_another_process_holds_the_lock(tmp_path: Pat
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
         with pytest.raises(sessionlog.SessionLockedError, match=re.escape(str(path))):
-            sessionlog.open(path, backend=backend, lock=True)
-        with sessionlog.open(path, backend=backend) as store:  # without lock=True, no flock is taken
+            sessionlog.open(path, backend=backend)
+        with pytest.raises(TypeError, match="unsafe_no_lock"):
+            sessionlog.open(path, backend=backend, lock=False)
+        with sessionlog.open(path, backend=backend, unsafe_no_lock=True) as store:  # at the caller's risk
             store.commit([facts.user_message("unlocked writer")])
     finally:
         holder.communicate("", timeout=30)
-    with sessionlog.open(path, backend=backend, lock=True) as store:  # released with the holder
+    with sessionlog.open(path, backend=backend) as store:  # released with the holder
         assert store.load().last_seq == 1
 
 

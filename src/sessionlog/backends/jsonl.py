@@ -8,23 +8,15 @@ from typing import Any
 
 from ..core.store import BackendInfo
 from ..plugins.hookspecs import Register, hookimpl
-from .jsonl_file import DEFAULT_OPS, FileOps, JsonlFile
+from .jsonl_file import DEFAULT_OPS, FileOps, JsonlFile, open_file
 
 INFO = BackendInfo("jsonl", "process", "sync", "JSONL file, one write per commit, no fsync")
 
 
 def open_jsonl(
-    path: Path, *, create: bytes | None = None, lock: bool = False, ops: FileOps = DEFAULT_OPS, **options: Any
+    path: Path, *, create: bytes | None = None, ops: FileOps = DEFAULT_OPS, **options: Any
 ) -> JsonlFile:
-    _no_options(options)
-    if create is not None:
-        return JsonlFile.create(path, create, sync=False, lock=lock, ops=ops)
-    return JsonlFile.open(path, sync=False, lock=lock, ops=ops)
-
-
-def _no_options(options: dict[str, Any]) -> None:
-    if options:
-        raise TypeError(f"unknown backend options: {', '.join(sorted(options))}")
+    return open_file(path, create, sync=False, ops=ops, options=options)
 
 
 @hookimpl

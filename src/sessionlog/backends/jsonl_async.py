@@ -1,7 +1,7 @@
 """`jsonl-async`: asyncio, process class. The JSONL writer core driven through aiofiles.
 
 `AsyncJsonlFile` adapts a `JsonlFile` (atomic create, O_NOFOLLOW, 0600, the single-writer guard,
-`lock=True`, the `FileOps` seam) to asyncio: every method is one hop to aiofiles' executor, and
+the writer lock, the `FileOps` seam) to asyncio: every method is one hop to aiofiles' executor, and
 `append_batch` writes a whole batch of lines with one write loop in that one hop (plus one
 fdatasync in the power class, which is `jsonl-group`). The store in `core.async_store` queues
 the commits and decides what a batch is; this module only moves bytes.
@@ -21,8 +21,7 @@ import aiofiles.os
 
 from ..core.store import BackendInfo
 from ..plugins.hookspecs import Register, hookimpl
-from .jsonl import _no_options
-from .jsonl_file import DEFAULT_OPS, FileOps, JsonlFile
+from .jsonl_file import DEFAULT_OPS, FileOps, JsonlFile, open_file
 
 INFO = BackendInfo(
     "jsonl-async", "process", "async", "JSONL file via aiofiles; concurrent commits share one write"
@@ -45,13 +44,10 @@ class AsyncJsonlFile:
 
     @classmethod
     async def open(
-        cls, path: Path, *, create: bytes | None, sync: bool, lock: bool, ops: FileOps
+        cls, path: Path, *, create: bytes | None, sync: bool, ops: FileOps, options: dict[str, Any]
     ) -> AsyncJsonlFile:
         """Open (`create=None`) or atomically create the session, in one hop."""
-        if create is not None:
-            opening = aiofiles.os.wrap(JsonlFile.create)(path, create, sync=sync, lock=lock, ops=ops)
-        else:
-            opening = aiofiles.os.wrap(JsonlFile.open)(path, sync=sync, lock=lock, ops=ops)
+        opening = aiofiles.os.wrap(open_file)(path, create, sync=sync, ops=ops, options=options)
         task: asyncio.Future[JsonlFile] = asyncio.ensure_future(opening)
         try:
             return cls(await asyncio.shield(task))
@@ -91,10 +87,9 @@ def _close_opened(task: asyncio.Future[JsonlFile]) -> None:
 
 
 async def open_jsonl_async(
-    path: Path, *, create: bytes | None = None, lock: bool = False, ops: FileOps = DEFAULT_OPS, **options: Any
+    path: Path, *, create: bytes | None = None, ops: FileOps = DEFAULT_OPS, **options: Any
 ) -> AsyncJsonlFile:
-    _no_options(options)
-    return await AsyncJsonlFile.open(path, create=create, sync=False, lock=lock, ops=ops)
+    return await AsyncJsonlFile.open(path, create=create, sync=False, ops=ops, options=options)
 
 
 @hookimpl

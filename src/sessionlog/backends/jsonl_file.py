@@ -12,8 +12,17 @@ The file is the log itself: a header line, then one LF-terminated transaction pe
   `fdatasync`s. Whoever sees an error must stop using the file: after a failed fsync the kernel
   may have dropped the dirty pages, so a retry could report success for data that is gone. The
   store poisons itself and never calls again.
-* one writer per file per process, keyed by (device, inode); `lock=True` adds a cross-process
-  `flock` for writers in other processes.
+* one writer per session: a claim per file per process, keyed by (device, inode), and an
+  exclusive cross-process `flock`, both by default. `unsafe_no_lock=True` skips the flock (for
+  filesystems without locks, at the caller's risk). Before each append one `fstat` checks that
+  the file still ends where this writer left it; if anything else grew or cut it, the append
+  raises `SessionChangedError` and writes nothing (the store poisons itself).
+* a file opened in one process is unusable in a child forked from it: the child's copy of the
+  descriptor is closed at fork (so the parent's lock is not kept alive by it) and its claims
+  dropped, so the child can open the session afresh; the store refuses the inherited object.
+* a `JsonlFile` dropped without `close()` (garbage-collected) releases its claim and descriptor.
+* temporary files are `.NAME.PID.RANDOM.creating`: never reused; those left by a killed
+  process are removed by the next create or open of the same session.
 
 All file operations go through `FileOps`, a seam for fault injection and power-loss traces; the
 default is the `os` functions themselves.
@@ -25,12 +34,22 @@ import contextlib
 import errno
 import fcntl
 import os
+import secrets
 import stat
 import threading
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from ..core.errors import SessionExistsError, SessionLockedError, SessionNotFoundError, SessionPathError
+from ..core.errors import (
+    SessionChangedError,
+    SessionExistsError,
+    SessionLockedError,
+    SessionLogError,
+    SessionNotFoundError,
+    SessionPathError,
+)
 
 _MODE = 0o600
 _OPEN_FLAGS = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -41,6 +60,7 @@ class FileOps:
     record traces; the defaults call the os module directly."""
 
     open = staticmethod(os.open)
+    fstat = staticmethod(os.fstat)
     write = staticmethod(os.write)
     pread = staticmethod(os.pread)
     fsync = staticmethod(os.fsync)
@@ -62,17 +82,45 @@ DEFAULT_OPS = FileOps()
 
 _writers: set[tuple[int, int]] = set()
 _writers_lock = threading.Lock()
+_open_files: weakref.WeakSet[JsonlFile] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child shares the parent's open file descriptions: writing through them would
+    make two writers of one log. Close the child's copies (the parent keeps its lock) and drop
+    the claims, so that the child can open a session afresh."""
+    global _writers_lock
+    _writers_lock = threading.Lock()
+    _writers.clear()
+    for file in list(_open_files):
+        file._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _release(ops: FileOps, fd: int, key: tuple[int, int]) -> None:
+    with _writers_lock:
+        _writers.discard(key)
+    with contextlib.suppress(OSError):
+        ops.close(fd)  # also releases the flock
 
 
 class JsonlFile:
     """An open session file. `sync=True` makes every append (and the create) power-durable."""
 
-    def __init__(self, path: Path, fd: int, key: tuple[int, int], *, sync: bool, ops: FileOps) -> None:
+    def __init__(
+        self, path: Path, fd: int, key: tuple[int, int], size: int, *, sync: bool, ops: FileOps
+    ) -> None:
         self.path = path
         self._fd = fd
         self._key = key
+        self._size = size  # where this writer believes the file ends
         self._sync = sync
         self._ops = ops
+        # Released when garbage-collected without close(): a later open must not find it held.
+        self._finalizer = weakref.finalize(self, _release, ops, fd, key)
+        _open_files.add(self)
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -83,7 +131,7 @@ class JsonlFile:
         header: bytes,
         *,
         sync: bool,
-        lock: bool = False,
+        unsafe_no_lock: bool = False,
         ops: FileOps = DEFAULT_OPS,
     ) -> JsonlFile:
         path = Path(path)
@@ -93,8 +141,12 @@ class JsonlFile:
                 errno.ENOENT, f"no directory for the session: {directory}", str(directory)
             )
         _check_free(path)
-        temp = directory / f".{path.name}.{os.getpid()}.{threading.get_ident()}.creating"
-        fd = ops.open(temp, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, _MODE)
+        remove_stale_temporaries(path)
+        temp = temporary_path(path, "creating")
+        try:
+            fd = ops.open(temp, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, _MODE)
+        except OSError as error:
+            raise _path_error(error, path, "cannot create the session") from error
         linked = False
         try:
             _write_all(ops, fd, header)
@@ -111,29 +163,38 @@ class JsonlFile:
                 ops.unlink(temp)
             if sync:
                 ops.fsync_directory(directory)
-            return cls._claim(path, fd, sync=sync, lock=lock, ops=ops)
-        except BaseException:
+            return cls._claim(path, fd, sync=sync, unsafe_no_lock=unsafe_no_lock, ops=ops)
+        except BaseException as error:
             if not linked:  # a failed header write or sync must not leave the temp file behind
                 with contextlib.suppress(OSError):
                     ops.unlink(temp)
             ops.close(fd)
+            if isinstance(error, OSError) and not isinstance(error, SessionLogError):
+                raise _path_error(error, path, "cannot create the session") from error
             raise
 
     @classmethod
     def open(
-        cls, path: str | os.PathLike[str], *, sync: bool, lock: bool = False, ops: FileOps = DEFAULT_OPS
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        sync: bool,
+        unsafe_no_lock: bool = False,
+        ops: FileOps = DEFAULT_OPS,
     ) -> JsonlFile:
         path = Path(path)
         fd = _open_existing(path, _OPEN_FLAGS, ops)
         try:
-            return cls._claim(path, fd, sync=sync, lock=lock, ops=ops)
+            opened = cls._claim(path, fd, sync=sync, unsafe_no_lock=unsafe_no_lock, ops=ops)
         except BaseException:
             ops.close(fd)
             raise
+        remove_stale_temporaries(path)
+        return opened
 
     @classmethod
-    def _claim(cls, path: Path, fd: int, *, sync: bool, lock: bool, ops: FileOps) -> JsonlFile:
-        info = os.fstat(fd)
+    def _claim(cls, path: Path, fd: int, *, sync: bool, unsafe_no_lock: bool, ops: FileOps) -> JsonlFile:
+        info = ops.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise SessionPathError(errno.EINVAL, f"not a regular file: {path}", str(path))
         key = (info.st_dev, info.st_ino)
@@ -141,19 +202,27 @@ class JsonlFile:
             if key in _writers:
                 raise SessionLockedError(f"{path} is already open for writing in this process")
             _writers.add(key)
-        if lock:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                with _writers_lock:
-                    _writers.discard(key)
-                raise SessionLockedError(f"{path} is locked by another process") from None
-        return cls(path, fd, key, sync=sync, ops=ops)
+        try:
+            if not unsafe_no_lock:
+                _lock(fd, path)
+            return cls(path, fd, key, ops.fstat(fd).st_size, sync=sync, ops=ops)
+        except BaseException:
+            with _writers_lock:
+                _writers.discard(key)
+            raise
+
+    def _forked(self) -> None:
+        """In a forked child: this object belongs to the parent. Close the child's descriptor."""
+        fd, self._fd = self._fd, -1
+        self._finalizer.detach()
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     # -- bytes -------------------------------------------------------------------------------
 
     def read(self) -> bytes:
-        size = os.fstat(self._fd).st_size
+        size = self._ops.fstat(self._fd).st_size
         chunks = []
         offset = 0
         while offset < size:
@@ -162,30 +231,124 @@ class JsonlFile:
                 break
             chunks.append(chunk)
             offset += len(chunk)
+        self._size = offset
         return b"".join(chunks)
 
     def truncate(self, length: int) -> None:
+        self._check_size()
         self._ops.ftruncate(self._fd, length)
+        self._size = length
         if self._sync:
             self._ops.fsync(self._fd)
 
     def append(self, data: bytes) -> None:
+        size = self._size
+        self._check_size()
+        self._size = -1  # unknown until the write returned whole (a failed one poisons the store)
         _write_all(self._ops, self._fd, data)
         if self._sync:
             self._ops.fdatasync(self._fd)
+        self._size = size + len(data)
 
     def append_many(self, lines: Sequence[bytes]) -> None:
         """Several whole transaction lines with one write loop (and one fdatasync in the power
         class): group commit, so that concurrent commits share one system call and one sync."""
         self.append(b"".join(lines))
 
+    def _check_size(self) -> None:
+        """The file must end where this writer left it: anything else means another writer."""
+        if self._fd < 0:
+            raise OSError(
+                errno.EBADF, f"{self.path}: the file is closed (or belongs to the parent of a fork)"
+            )
+        size = self._ops.fstat(self._fd).st_size
+        if size != self._size:
+            raise SessionChangedError(
+                f"{self.path}: the file is {size} bytes, this writer left it at {self._size}: "
+                "something else wrote to or cut the session; nothing was written"
+            )
+
     def close(self) -> None:
         fd, self._fd = self._fd, -1
         if fd < 0:
             return
+        self._finalizer.detach()
         with _writers_lock:
             _writers.discard(self._key)
         self._ops.close(fd)  # also releases a flock
+
+
+def open_file(
+    path: Path, create: bytes | None, *, sync: bool, ops: FileOps, options: dict[str, Any]
+) -> JsonlFile:
+    """What the file backends' factories share: open (`create=None`) or atomically create the
+    session. Options: `unsafe_no_lock=True` skips the cross-process lock; `lock=True` is
+    accepted and changes nothing (the lock is the default)."""
+    options = dict(options)
+    if options.pop("lock", True) is not True:
+        raise TypeError("the writer lock is always taken; unsafe_no_lock=True skips it (unsafe)")
+    unsafe_no_lock = options.pop("unsafe_no_lock", False)
+    if type(unsafe_no_lock) is not bool:
+        raise TypeError(f"unsafe_no_lock must be True or False, not {unsafe_no_lock!r}")
+    if options:
+        raise TypeError(f"unknown backend options: {', '.join(sorted(options))}")
+    if create is not None:
+        return JsonlFile.create(path, create, sync=sync, unsafe_no_lock=unsafe_no_lock, ops=ops)
+    return JsonlFile.open(path, sync=sync, unsafe_no_lock=unsafe_no_lock, ops=ops)
+
+
+def _lock(fd: int, path: Path) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SessionLockedError(f"{path} is in use: another process holds its writer lock") from None
+    except OSError as error:  # ENOLCK on NFS, SMB, some FUSE filesystems
+        raise SessionPathError(
+            error.errno,
+            f"cannot lock {path}: {error.strerror} (the filesystem offers no locks; "
+            "unsafe_no_lock=True opens it anyway, if nothing else ever writes it)",
+            str(path),
+        ) from None
+
+
+def temporary_path(path: Path, purpose: str) -> Path:
+    """A fresh temporary name next to `path`: `.NAME.PID.RANDOM.PURPOSE`, never reused."""
+    return path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.{purpose}"
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Remove the temporaries of `path` whose process is gone (killed during a create or a
+    convert). Those of a live process are its work in progress and stay."""
+    prefix = f".{path.name}."
+    try:
+        names = [entry.name for entry in os.scandir(path.parent) if entry.name.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        parts = name[len(prefix) :].split(".")
+        if len(parts) < 2 or not parts[0].isdigit() or parts[-1] not in ("creating", "converting"):
+            continue
+        if _alive(int(parts[0])):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(path.parent / name)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists, owned by someone else
+    return True
+
+
+def _path_error(error: OSError, path: Path, what: str) -> SessionPathError:
+    """An OSError about a hidden temporary file, as a typed error naming the session."""
+    return SessionPathError(error.errno, f"{what} {path}: {error.strerror or error}", str(path))
 
 
 def _open_existing(path: Path, flags: int, ops: FileOps) -> int:

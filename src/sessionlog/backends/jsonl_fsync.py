@@ -8,19 +8,15 @@ from typing import Any
 
 from ..core.store import BackendInfo
 from ..plugins.hookspecs import Register, hookimpl
-from .jsonl import _no_options
-from .jsonl_file import DEFAULT_OPS, FileOps, JsonlFile
+from .jsonl_file import DEFAULT_OPS, FileOps, JsonlFile, open_file
 
 INFO = BackendInfo("jsonl-fsync", "power", "sync", "JSONL file, one write + fdatasync per commit")
 
 
 def open_jsonl_fsync(
-    path: Path, *, create: bytes | None = None, lock: bool = False, ops: FileOps = DEFAULT_OPS, **options: Any
+    path: Path, *, create: bytes | None = None, ops: FileOps = DEFAULT_OPS, **options: Any
 ) -> JsonlFile:
-    _no_options(options)
-    if create is not None:
-        return JsonlFile.create(path, create, sync=True, lock=lock, ops=ops)
-    return JsonlFile.open(path, sync=True, lock=lock, ops=ops)
+    return open_file(path, create, sync=True, ops=ops, options=options)
 
 
 @hookimpl

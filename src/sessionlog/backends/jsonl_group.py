@@ -16,7 +16,6 @@ from typing import Any
 
 from ..core.store import BackendInfo
 from ..plugins.hookspecs import Register, hookimpl
-from .jsonl import _no_options
 from .jsonl_async import AsyncJsonlFile
 from .jsonl_file import DEFAULT_OPS, FileOps
 
@@ -30,10 +29,9 @@ INFO = BackendInfo(
 
 
 async def open_jsonl_group(
-    path: Path, *, create: bytes | None = None, lock: bool = False, ops: FileOps = DEFAULT_OPS, **options: Any
+    path: Path, *, create: bytes | None = None, ops: FileOps = DEFAULT_OPS, **options: Any
 ) -> AsyncJsonlFile:
-    _no_options(options)
-    return await AsyncJsonlFile.open(path, create=create, sync=True, lock=lock, ops=ops)
+    return await AsyncJsonlFile.open(path, create=create, sync=True, ops=ops, options=options)
 
 
 @hookimpl

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 from collections import deque
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -153,7 +154,9 @@ class AsyncSessionStore(StoreStatus):
         except BaseException:
             await backend.close()
             raise
-        return cls(backend, pipeline, path, info, **store_options)
+        store = cls(backend, pipeline, path, info, **store_options)
+        store.torn_bytes = len(data) - end
+        return store
 
     # -- the three methods -------------------------------------------------------------------
 
@@ -162,7 +165,7 @@ class AsyncSessionStore(StoreStatus):
         the backend's class. ValidationError: rejected at once, nothing queued or written.
         A caller cancelled while waiting must assume the commit landed: it is written whole
         unless the store is poisoned (see the module docstring)."""
-        if self._closed or self._poisoned is not None:
+        if self._closed or self._poisoned is not None or self._pid != os.getpid():
             self._check()
         prepared = self._pipeline.prepare(facts, keep_state=self._starts_batch)
         size = len(prepared.line)
@@ -204,6 +207,9 @@ class AsyncSessionStore(StoreStatus):
         """Drain the queue, then close the backend. Every queued commit lands (or fails with
         StorePoisonedError if a write fails meanwhile); none is dropped. New calls fail with
         StoreClosedError. Idempotent; cancelling close() does not stop the drain."""
+        if self._pid != os.getpid():  # a fork's copy: the parent's file is not this process's
+            self._closed = True
+            return
         if self._closer is None:
             self._closed = True
             if self._gathering is not None:  # no more company is coming: write now

@@ -102,8 +102,22 @@ class SessionLockedError(SessionLogError):
     """Another writer holds the session."""
 
 
+class SessionChangedError(SessionLogError):
+    """The session's bytes changed under an open writer: something else wrote to or cut it."""
+
+
 class StoreClosedError(SessionLogError):
     """The store was closed."""
+
+
+class StoreForkedError(StoreClosedError):
+    """The store was opened in another process (this one is a fork of it): open the session
+    afresh here."""
+
+
+class ReentrantCallError(SessionLogError, RuntimeError):
+    """A store method was called from inside another call of the same store (a fact generator
+    calling `load()`, say): refused instead of deadlocking."""
 
 
 class StorePoisonedError(SessionLogError):

@@ -6,15 +6,23 @@ contract demands happens here and in `commit.py`, once for every backend.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self
 
 from .commit import CommitPipeline
-from .errors import StoreClosedError, StorePoisonedError
+from .errors import (
+    ReentrantCallError,
+    SessionChangedError,
+    StoreClosedError,
+    StoreForkedError,
+    StorePoisonedError,
+)
 from .framing import DEFAULT_MAX_LINE_BYTES, NUL_WINDOW
 from .loading import check_torn_tail, load
 from .state import SessionState
@@ -107,11 +115,13 @@ class StoreStatus:
     """What every store, sync or async, knows of itself: its path, its backend, whether it was
     closed or poisoned, and the error each of those means for the next call."""
 
-    def __init__(self, path: Path, info: BackendInfo) -> None:
+    def __init__(self, path: Path, info: BackendInfo, torn_bytes: int = 0) -> None:
         self.path = path
         self.info = info
+        self.torn_bytes = torn_bytes  # what opening cut: a torn tail (and NUL holes, power class)
         self._closed = False
         self._poisoned: BaseException | None = None
+        self._pid = os.getpid()  # a store is used by the process that opened it, never a fork
 
     @property
     def durability(self) -> Durability:
@@ -131,6 +141,11 @@ class StoreStatus:
         return error
 
     def _check(self) -> None:
+        if self._pid != os.getpid():
+            raise StoreForkedError(
+                f"{self.path}: this store was opened by process {self._pid}, and this is a fork of it "
+                f"(process {os.getpid()}); open the session afresh here"
+            )
         if self._closed:
             raise StoreClosedError(f"{self.path}: the store is closed")
         if self._poisoned is not None:
@@ -148,11 +163,19 @@ class SessionStore(StoreStatus):
     Commits from several threads are serialized; each is one transaction, one line, one write.
     """
 
-    def __init__(self, backend: SyncBackend, pipeline: CommitPipeline, path: Path, info: BackendInfo) -> None:
-        super().__init__(path, info)
+    def __init__(
+        self,
+        backend: SyncBackend,
+        pipeline: CommitPipeline,
+        path: Path,
+        info: BackendInfo,
+        torn_bytes: int = 0,
+    ) -> None:
+        super().__init__(path, info, torn_bytes)
         self._backend = backend
         self._pipeline = pipeline
         self._lock = threading.Lock()
+        self._owner = 0  # the thread inside a call, to refuse a re-entrant one instead of deadlocking
 
     @classmethod
     def open_backend(
@@ -174,39 +197,76 @@ class SessionStore(StoreStatus):
         except BaseException:
             backend.close()
             raise
-        return cls(backend, pipeline, path, info)
+        return cls(backend, pipeline, path, info, len(data) - end)
 
     def commit(self, facts: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Commit one transaction; return its facts with seq, id and timestamp. Durable per the
         backend's class when this returns. ValidationError: nothing was written."""
+        me = threading.get_ident()  # inline `_call`: this is the hot path
+        if self._owner == me:
+            self._refuse_reentrant()
         with self._lock:
-            self._check()
-            prepared = self._pipeline.prepare(facts)
+            self._owner = me
             try:
-                self._backend.append(prepared.line)
-            except BaseException as error:
-                self._pipeline.abandon(prepared)
-                self._poisoned = error
+                return self._commit(facts)
+            finally:
+                self._owner = 0
+
+    def _commit(self, facts: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        self._check()
+        prepared = self._pipeline.prepare(facts)
+        try:
+            self._backend.append(prepared.line)
+        except BaseException as error:
+            self._pipeline.abandon(prepared)
+            self._poisoned = error
+            if not isinstance(error, Exception):  # Ctrl-C, SystemExit: poisoned, and as itself
+                raise
+            if isinstance(error, SessionChangedError):
                 raise StorePoisonedError(
-                    f"{self.path}: writing seq {prepared.facts[0]['seq']} failed; the store is poisoned "
-                    "and the commit may or may not be on disk (reopen to find out)"
+                    f"{error}; seq {prepared.facts[0]['seq']} was not written and the store is poisoned"
                 ) from error
-            self._pipeline.acknowledge(prepared)
-            return prepared.facts
+            raise StorePoisonedError(
+                f"{self.path}: writing seq {prepared.facts[0]['seq']} failed; the store is poisoned "
+                "and the commit may or may not be on disk (reopen to find out)"
+            ) from error
+        self._pipeline.acknowledge(prepared)
+        return prepared.facts
 
     def load(self) -> SessionState:
         """The state of everything committed so far."""
-        with self._lock:
+        with self._call():
             self._check()
             return self._pipeline.state()
 
     def close(self) -> None:
         """Idempotent. After close every call raises StoreClosedError."""
-        with self._lock:
+        if self._pid != os.getpid():  # a fork's copy: the parent's file is not this process's to close
+            self._closed = True
+            return
+        with self._call():
             if self._closed:
                 return
             self._closed = True
             self._backend.close()
+
+    def _refuse_reentrant(self) -> None:
+        raise ReentrantCallError(
+            f"{self.path}: a store call from inside another call of the same store (a fact "
+            "generator or mapping that calls the store?); refused instead of deadlocking"
+        )
+
+    @contextlib.contextmanager
+    def _call(self) -> Iterator[None]:
+        me = threading.get_ident()
+        if self._owner == me:
+            self._refuse_reentrant()
+        with self._lock:
+            self._owner = me
+            try:
+                yield
+            finally:
+                self._owner = 0
 
     def __enter__(self) -> Self:
         return self
