@@ -4,6 +4,9 @@ fork, dropped stores, interrupted commits."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import datetime
+import enum
 import errno
 import fcntl
 import gc
@@ -11,6 +14,7 @@ import os
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -332,3 +336,79 @@ def test_a_fact_generator_calling_the_store_is_refused_not_deadlocked(tmp_path: 
             store.commit(facts())
         store.commit([_user("the store still works")])
         assert store.load().last_seq == 1
+
+
+# -- 6, 7. what a commit accepts -------------------------------------------------------------------
+
+
+class _Colour(enum.Enum):
+    RED = "red"
+
+
+class _Name(enum.StrEnum):
+    ADA = "ada"
+
+
+@dataclasses.dataclass
+class _Point:
+    x: int
+
+
+class _Text(str):
+    pass
+
+
+NOT_JSON = {
+    "nan": (float("nan"), "float nan"),
+    "infinity": (float("inf"), "float inf"),
+    "overflow": (1e400, "float inf"),
+    "datetime": (datetime.datetime(2026, 1, 1), "datetime"),
+    "uuid": (uuid.UUID(int=1), "UUID"),
+    "enum": (_Colour.RED, "_Colour"),
+    "str enum": (_Name.ADA, "_Name"),
+    "dataclass": (_Point(1), "_Point"),
+    "tuple": ((1, 2), "tuple"),
+    "str subclass": (_Text("x"), "_Text"),
+    "bytes": (b"x", "bytes"),
+    "set": ({1}, "set"),
+    "big int": (1 << 70, "beyond 64 bits"),
+}
+
+
+@pytest.mark.parametrize("name", NOT_JSON)
+def test_a_commit_accepts_json_values_only_and_names_the_bad_path(name: str, tmp_path: Path) -> None:
+    bad, what = NOT_JSON[name]
+    with sessionlog.create(tmp_path / "s.jsonl", "jsonl", **HEADER) as store:
+        store.commit([_user("first")])
+        before = (tmp_path / "s.jsonl").read_bytes()
+        fact = {"kind": "entry", "entry": {"type": "message", "message": {"role": "user", "content": "x"}}}
+        fact["entry"]["message"]["extra"] = [0, bad]  # type: ignore[index]
+        with pytest.raises(sessionlog.ValidationError) as caught:
+            store.commit([_user("fine"), fact])
+        assert caught.value.code == "INVALID_FACT" and caught.value.seq == 3
+        assert "[1].entry.message.extra[1]" in str(caught.value) and what in str(caught.value)
+        assert (tmp_path / "s.jsonl").read_bytes() == before  # nothing written
+        assert store.commit([_user("next")])[0]["seq"] == 2  # and nothing consumed
+
+
+def test_a_key_that_is_not_a_string_is_named() -> None:
+    pipeline = _pipeline()
+    with pytest.raises(sessionlog.ValidationError, match=r"entry is an object with a key of type int"):
+        pipeline.prepare([{"kind": "entry", "entry": {1: "x"}}])
+
+
+@pytest.mark.parametrize("supplied", [0, "", False, [], None, 12345, "not-a-uuid"])
+def test_every_supplied_id_is_checked_the_same_way(supplied: object) -> None:
+    pipeline = _pipeline()
+    with pytest.raises(sessionlog.ValidationError) as caught:
+        pipeline.prepare([{**_user("x"), "id": supplied}])
+    assert caught.value.code == "INVALID_FACT"
+
+
+def _pipeline() -> Any:
+    from sessionlog.core.commit import CommitPipeline, encode_header
+    from sessionlog.core.loading import load
+
+    header = encode_header(cwd="/", provider="p", model="m", environment_identity="e")
+    reducer, end = load(header)
+    return CommitPipeline(reducer, end, 1)

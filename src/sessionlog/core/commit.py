@@ -11,6 +11,8 @@ The backend then stores the line. `acknowledge` makes it part of the acknowledge
 
 from __future__ import annotations
 
+import marshal
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -59,6 +61,53 @@ def encode_header(
     return orjson.dumps(header) + b"\n"
 
 
+# orjson hands these to no default (so they raise) instead of converting them silently.
+_JSON_ONLY = (
+    orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_SUBCLASS
+)
+_MAX_INT = 1 << 63
+
+
+def not_json(value: Any, line: int, first_seq: int, error: Exception | None = None) -> ValidationError:
+    """The refusal of a transaction holding something that is not a JSON value, naming where."""
+    found = _first_non_json(value)
+    if found is None:  # plain JSON types throughout: orjson's own limit (nesting depth)
+        return ValidationError("INVALID_FACT", line, None, f"not encodable as JSON: {error}")
+    path, what = found
+    seq = first_seq + int(path[1:].split("]", 1)[0]) if path.startswith("[") else first_seq
+    return ValidationError("INVALID_FACT", line, seq, f"{path} is {what}, not a JSON value")
+
+
+def _first_non_json(value: Any) -> tuple[str, str] | None:
+    """The path (`[0].entry.message.content`) of the first value that is not plain JSON: a dict
+    with str keys, list, str, int, finite float, bool or None, exactly those types."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        kind = type(item)
+        if kind is dict:
+            for key in reversed(list(item)):
+                if type(key) is not str:
+                    return path or "the fact", f"an object with a key of type {type(key).__name__}"
+                stack.append((f"{path}.{key}" if path else key, item[key]))
+        elif kind is list:
+            stack.extend((f"{path}[{index}]", child) for index, child in reversed(list(enumerate(item))))
+        elif kind is float:
+            if not math.isfinite(item):
+                return path, f"the float {item}"
+        elif kind is int:
+            if not -_MAX_INT <= item < 1 << 64:
+                return path, "an integer beyond 64 bits"
+        elif kind not in (str, bool) and item is not None:
+            return (
+                path,
+                f"of type {kind.__module__}.{kind.__qualname__}"
+                if kind.__module__ != "builtins"
+                else (f"of type {kind.__qualname__}"),
+            )
+    return None
+
+
 class CommitPipeline:
     """Owns the reducer of an open store and the order of its transactions."""
 
@@ -102,24 +151,23 @@ class CommitPipeline:
             if "seq" in fact or "timestamp" in fact:
                 key = "seq" if "seq" in fact else "timestamp"
                 raise ValidationError("INVALID_FACT", line_number, seq, f"{key} is assigned by the store")
-            fact_id = fact.get("id")
             # The store's fields first, then the caller's in their order (kind and id keep their
-            # places); a missing or empty id is made here.
-            out = {"kind": fact.get("kind"), "seq": seq, "id": fact_id, "timestamp": timestamp}
+            # places); a missing id is made here, a supplied one is checked like any other.
+            out = {"kind": fact.get("kind"), "seq": seq, "id": None, "timestamp": timestamp}
             out.update(fact)
-            if not fact_id:
+            if "id" not in fact:
                 out["id"] = new_id()
             committed.append(out)
         if not committed:
             raise ValidationError(
                 "EMPTY_TRANSACTION", line_number, None, "a transaction needs at least one fact"
             )
+        value = committed[0] if len(committed) == 1 else committed
         try:
-            line = orjson.dumps(committed[0] if len(committed) == 1 else committed) + b"\n"
-        except TypeError as error:
-            raise ValidationError(
-                "INVALID_FACT", line_number, None, f"not encodable as JSON: {error}"
-            ) from None
+            line = orjson.dumps(value, option=_JSON_ONLY) + b"\n"
+            marshal.dumps(value)  # C-speed proof that every object is of a builtin type, no subclass
+        except (TypeError, ValueError) as error:
+            raise not_json(value, line_number, first_seq, error) from None
         if len(line) - 1 > self.max_line_bytes:
             raise ValidationError(
                 "MALFORMED_JSON",
@@ -130,10 +178,12 @@ class CommitPipeline:
         if not isinstance(keep_state, bool):
             keep_state = keep_state(len(line))
         state_before = SessionState(reducer, self.length + self._pending_bytes) if keep_state else None
+        decoded = orjson.loads(line)  # exactly what will be stored: objects the caller cannot mutate
+        if decoded != value:  # NaN or infinity became null, a tuple a list
+            raise not_json(value, line_number, first_seq)
         mark = reducer.begin()
         try:
-            # Validate exactly what will be stored: fresh objects the caller cannot mutate later.
-            reducer.apply(orjson.loads(line), line_number)
+            reducer.apply(decoded, line_number)
         except ContractError as error:
             reducer.rollback(mark)
             raise ValidationError(error.code, line_number, error.seq, error.detail) from None

@@ -312,7 +312,8 @@ REJECTIONS: dict[str, tuple[Callable[[str], list[Any]], str, int | None]] = {
     "store-assigned-seq": (lambda known: [{**_user("x"), "seq": 99}], "INVALID_FACT", 0),
     "store-assigned-timestamp": (lambda known: [{**_user("x"), "timestamp": 1}], "INVALID_FACT", 0),
     "not-a-mapping": (lambda known: [_user("ok"), "text"], "INVALID_FACT", None),
-    "not-encodable": (lambda known: [_user("x") | {"entry": object()}], "INVALID_FACT", None),
+    "not-encodable": (lambda known: [_user("x") | {"entry": object()}], "INVALID_FACT", 0),
+    "not-json": (lambda known: [_user("x"), _user("y") | {"entry": float("nan")}], "INVALID_FACT", 1),
 }
 
 # name -> (bytes surgery on [header, tx1, tx2] lines, code, line, offset of that line, seq)
