@@ -301,7 +301,7 @@ def test_repair_through_an_async_backend(cli: Any, tmp_path: Path) -> None:
     path = mid_crash(tmp_path / "s.jsonl")
     good = path.read_bytes()
     torn(path)
-    run = cli("repair", path, "--backend", "jsonl-group", "--lock")
+    run = cli("repair", path, "--backend", "jsonl-group")
     assert run.code == 0, run.err
     assert path.read_bytes() == good
 
@@ -487,7 +487,7 @@ def test_recover_through_an_async_backend(cli: Any, tmp_path: Path, current: Pat
 
 def test_read_only_commands_take_no_writer_lock(cli: Any, tmp_path: Path, current: Path) -> None:
     path = mid_crash(tmp_path / "s.jsonl")
-    with sessionlog.open(path, lock=True) as store:  # this process's writer, with the flock
+    with sessionlog.open(path) as store:  # this process's writer, with the flock
         before = path.read_bytes()
         stat = path.stat()
         for argv in (
@@ -505,7 +505,7 @@ def test_read_only_commands_take_no_writer_lock(cli: Any, tmp_path: Path, curren
         assert path.read_bytes() == before
         assert path.stat().st_mtime_ns == stat.st_mtime_ns
         run = cli("recover", path, "--current", current)  # a writer: refused while another writes
-        assert run.code == 1
+        assert run.code == 3
         assert "already open for writing" in one_line(run.err)
         assert store.load().last_seq == 6
     assert path.read_bytes() == before
@@ -629,9 +629,6 @@ def test_a_backend_that_is_not_a_file_is_read_through_its_read_path(
     run = cli("recover", "mem:one", "--backend", "memory", "--current", current, registry=registry)
     assert run.code == 0
     assert "committed seq 7" in run.out
-    run = cli("recover", "mem:one", "--backend", "memory", "--current", current, "--lock", registry=registry)
-    assert run.code == 2
-    assert "--lock" in one_line(run.err)
     back = tmp_path / "back.jsonl"
     assert (
         cli("convert", "mem:one", back, "--backend", "memory", "--to", "jsonl", registry=registry).code == 0

@@ -3,19 +3,20 @@
     sessionlog backends [--json]
     sessionlog inspect FILE [--backend NAME] [--json]
     sessionlog verify FILE [--backend NAME]
-    sessionlog repair FILE [--backend NAME] [--dry-run] [--lock]
+    sessionlog repair FILE [--backend NAME] [--dry-run] [--quarantine]
     sessionlog reduce FILE [--backend NAME]
     sessionlog plan FILE --current CONFIG.json [--backend NAME]
-    sessionlog recover FILE --current CONFIG.json [--backend NAME] [--dry-run] [--lock] [--json]
-    sessionlog convert SRC DST --to BACKEND [--backend NAME] [--lock]
+    sessionlog recover FILE --current CONFIG.json [--backend NAME] [--dry-run] [--json]
+    sessionlog convert SRC DST --to BACKEND [--backend NAME]
 
 Every command that reads a session also takes `--progress {auto,always,never}` (stderr; rich
 when installed, plain text otherwise; `auto`: large sessions on a terminal).
 
 Exit status: 0 ok; 1 the session is bad (corrupted, or the reducer refused what recovery
-planned) or cannot be written now (locked); 2 usage (bad arguments, no such file or backend, an
-unreadable --current file). Errors are one line on stderr naming the file, the line and its
-byte offset.
+planned); 2 usage (bad arguments, no such file or backend, an unreadable --current file); 3 the
+session is in use (another writer holds its lock: the writing commands repair, recover and
+convert take it, like every store). Errors are one line on stderr naming the file, the line and
+its byte offset.
 
 Read-only commands (inspect, verify, reduce, plan, and repair/recover with --dry-run) never
 modify the session and take no writer lock: for the built-in file backends they read the bytes
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import re
@@ -42,7 +44,7 @@ from typing import Any, NoReturn
 import orjson
 
 from . import opening
-from .backends.jsonl_file import read_session_file
+from .backends.jsonl_file import read_session_file, remove_stale_temporaries, temporary_path
 from .core.commit import CommitPipeline
 from .core.errors import (
     CorruptionError,
@@ -60,13 +62,12 @@ from .core.loading import reduce_bytes
 from .core.planner import plan_recovery
 from .core.state import SessionState
 from .core.store import reduce_stored
+from .maintenance import link_into_place, quarantine, sync_file
 from .plugins.registry import Registry, default_registry
 from .recovery import Plan, recover, recover_async
 
 PROG = "sessionlog"
-# Built-in backends whose session is the plain file at the path: read-only commands read it
-# directly, without opening a writer.
-FILE_BACKENDS = frozenset(("jsonl", "jsonl-fsync", "jsonl-async", "jsonl-group"))
+EXIT_IN_USE = 3
 _LARGE = 32 << 20  # bytes: from here on, work on a terminal shows progress
 _CHUNK_BYTES = 4 << 20
 _CHUNK_LINES = 1024
@@ -199,7 +200,7 @@ def read_session(path: str, backend: str, registry: Registry) -> bytes:
     """The stored bytes of a session, read-only: the file itself for the built-in file backends,
     otherwise the backend's own read path (opened, read, closed; never truncated)."""
     info = registry.info(backend)
-    if backend in FILE_BACKENDS:
+    if info.plain_file:  # the session is the file: read it directly, without opening a writer
         return read_session_file(path)
     factory = registry.factory(backend)
     if info.api == "sync":
@@ -271,15 +272,6 @@ def _counts(data: bytes, end: int, mode: str, path: str) -> dict[str, Any]:
         "entryKinds": dict(sorted(entries.items())),
         "recordTypes": dict(sorted(records.items())),
     }
-
-
-def _open_options(args: argparse.Namespace, backend: str | None = None) -> dict[str, Any]:
-    if not getattr(args, "lock", False):
-        return {}
-    backend = backend or args.backend
-    if backend not in FILE_BACKENDS:
-        raise UsageError(f"--lock is an option of the file backends ({', '.join(sorted(FILE_BACKENDS))})")
-    return {"lock": True}
 
 
 # -- the current configuration -----------------------------------------------------------------
@@ -539,6 +531,8 @@ def cmd_plan(args: argparse.Namespace, registry: Registry) -> int:
 
 
 def cmd_repair(args: argparse.Namespace, registry: Registry) -> int:
+    if args.quarantine:
+        return _quarantine(args, registry)
     data, state = load_session(
         args.file, args.backend, registry, args.progress
     )  # refuses corruption: nothing is touched
@@ -553,24 +547,42 @@ def cmd_repair(args: argparse.Namespace, registry: Registry) -> int:
             f"(keeping {end:,} bytes, last seq {state.last_seq})"
         )
         return 0
-    info = registry.info(args.backend)
-    # Opening a store for writing is the repair: it reduces again and truncates the torn tail.
-    if info.api == "sync":
-        with opening.open(args.file, args.backend, registry=registry, **_open_options(args)) as store:
-            kept = store.load().repaired_length
+    # Opening a store for writing is the repair, under the writer lock: it reads and reduces again
+    # and truncates the torn tail it finds then (the bytes counted above may have changed since).
+    if registry.info(args.backend).api == "sync":
+        with opening.open(args.file, args.backend, registry=registry) as store:
+            dropped, kept = store.torn_bytes, store.load()
     else:
 
-        async def repair_async() -> int:
-            async with await opening.open_async(
-                args.file, args.backend, registry=registry, **_open_options(args)
-            ) as store:
-                return (await store.load()).repaired_length
+        async def repair_async() -> tuple[int, SessionState]:
+            async with await opening.open_async(args.file, args.backend, registry=registry) as store:
+                return store.torn_bytes, await store.load()
 
-        kept = asyncio.run(repair_async())
+        dropped, kept = asyncio.run(repair_async())
     _out(
-        f"{args.file}: dropped a torn tail of {len(data) - kept:,} bytes "
-        f"(now {kept:,} bytes, last seq {state.last_seq})"
+        f"{args.file}: dropped a torn tail of {dropped:,} bytes "
+        f"(now {kept.repaired_length:,} bytes, last seq {kept.last_seq})"
     )
+    return 0
+
+
+def _quarantine(args: argparse.Namespace, registry: Registry) -> int:
+    info = registry.info(args.backend)
+    if not info.plain_file:
+        raise UsageError(f"--quarantine works on a session file; backend {args.backend!r} stores elsewhere")
+    report = quarantine(Path(args.file), info.nul_rule(), dry_run=args.dry_run)
+    if report is None:
+        _out(f"{args.file}: valid, nothing to quarantine")
+        return 0
+    seqs = "no readable seq" if report.seqs is None else f"seq {report.seqs[0]}-{report.seqs[1]}"
+    verb = "would move" if args.dry_run else "moved"
+    _out(
+        f"{args.file}: {verb} {report.lines:,} line{'s' if report.lines != 1 else ''} from line "
+        f"{report.first_line} ({seqs}, {report.moved_bytes:,} bytes from byte offset {report.offset:,}) "
+        f"into {report.side_file}; the first bad one: {report.error}"
+    )
+    if not args.dry_run:
+        _out(f"{args.file}: opens again with {report.offset:,} bytes")
     return 0
 
 
@@ -607,16 +619,14 @@ def cmd_recover(args: argparse.Namespace, registry: Registry) -> int:
             plan = recover(store, current, on_commit=on_commit)
             idle = store.load().is_idle
         elif registry.info(args.backend).api == "sync":
-            with opening.open(
-                args.file, args.backend, registry=registry, **_open_options(args)
-            ) as sync_store:
+            with opening.open(args.file, args.backend, registry=registry) as sync_store:
                 plan = recover(sync_store, current, on_commit=on_commit)
                 idle = sync_store.load().is_idle
         else:
 
             async def recover_in_loop() -> tuple[Plan, bool]:
                 async with await opening.open_async(
-                    args.file, args.backend, registry=registry, **_open_options(args)
+                    args.file, args.backend, registry=registry
                 ) as async_store:
                     left = await recover_async(async_store, current, on_commit=on_commit)
                     return left, (await async_store.load()).is_idle
@@ -674,47 +684,37 @@ async def _write_async(backend: Any, body: list[bytes], progress: Progress) -> N
 
 
 def cmd_convert(args: argparse.Namespace, registry: Registry) -> int:
-    registry.info(args.to)  # an unknown target is a usage error before anything is read
+    info = registry.info(args.to)  # an unknown target is a usage error before anything is read
+    destination = Path(args.dst)
+    if info.plain_file:
+        remove_stale_temporaries(destination)  # of a convert killed earlier
+        if os.path.lexists(destination):
+            raise SessionExistsError(
+                errno.EEXIST, f"a session already exists: {destination}", str(destination)
+            )
     data, state = load_session(args.src, args.backend, registry, args.progress)  # all valid from here on
     end = state.repaired_length
     header_end = data.index(b"\n") + 1
     body = [data[start : start + len(raw) + 1] for _, start, raw in lines(data, end)][1:]
-    info = registry.info(args.to)
-    factory = registry.factory(args.to)
-    destination = Path(args.dst)
+    # A file target is written under a temporary name and linked into place when complete and
+    # synced: a kill leaves no partial copy under the destination's name.
+    target = temporary_path(destination, "converting") if info.plain_file else destination
     progress = Progress(args.progress, f"writing {args.dst}", end - header_end)
-    created = False
     try:
-        # The target backend creates the session atomically with the source's header line, then
-        # stores the source's committed lines unchanged: seq, ids and timestamps stay exactly.
-        if info.api == "sync":
-            backend = factory(destination, create=data[:header_end], **_open_options(args, args.to))
-            created = True
-            try:
-                _write_sync(backend, body, progress)
-            finally:
-                backend.close()
-        else:
-
-            async def convert_async() -> None:
-                nonlocal created
-                backend = await factory(destination, create=data[:header_end], **_open_options(args, args.to))
-                created = True
-                try:
-                    await _write_async(backend, body, progress)
-                finally:
-                    await backend.close()
-
-            asyncio.run(convert_async())
+        _copy(registry, args.to, target, data[:header_end], body, progress)
         progress.close()
-        converted = load_session(args.dst, args.to, registry, args.progress)[1]
+        if info.plain_file:
+            sync_file(target)
+        converted = load_session(str(target), args.to, registry, args.progress)[1]
         if converted != state:
             raise Mismatch(f"{args.dst}: the converted session does not reduce to the state of {args.src}")
+        if info.plain_file:
+            link_into_place(target, destination)
     except BaseException:
         progress.close()
-        if created and args.to in FILE_BACKENDS:
+        if info.plain_file:
             with contextlib.suppress(OSError):
-                destination.unlink()  # a partial copy is worse than none: the source is intact
+                target.unlink()
         raise
     torn = len(data) - end
     note = f"; dropped a torn tail of {torn:,} bytes (uncommitted)" if torn else ""
@@ -723,6 +723,30 @@ def cmd_convert(args: argparse.Namespace, registry: Registry) -> int:
         f"{len(body):,} transactions, last seq {state.last_seq}, {end:,} bytes{note}"
     )
     return 0
+
+
+def _copy(
+    registry: Registry, backend: str, path: Path, header: bytes, body: list[bytes], progress: Progress
+) -> None:
+    """Create the session at `path` with the source's header line, then store the source's
+    committed lines unchanged: seq, ids and timestamps stay exactly."""
+    factory = registry.factory(backend)
+    if registry.info(backend).api == "sync":
+        opened = factory(path, create=header)
+        try:
+            _write_sync(opened, body, progress)
+        finally:
+            opened.close()
+        return
+
+    async def copy_async() -> None:
+        opened = await factory(path, create=header)
+        try:
+            await _write_async(opened, body, progress)
+        finally:
+            await opened.close()
+
+    asyncio.run(copy_async())
 
 
 # -- the parser --------------------------------------------------------------------------------
@@ -738,7 +762,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
         description="Look into, repair and recover sessionlog sessions (the canonical v2 session contract).",
-        epilog="exit status: 0 ok, 1 the session is bad, 2 usage",
+        epilog="exit status: 0 ok, 1 the session is bad, 2 usage, 3 the session is in use",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
@@ -748,7 +772,7 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("file", metavar="FILE", help="the session")
         return sub
 
-    def common(sub: argparse.ArgumentParser, *, lock: bool = False) -> None:
+    def common(sub: argparse.ArgumentParser) -> None:
         sub.add_argument(
             "--backend", default="jsonl", metavar="NAME", help="the backend that stores FILE (default: jsonl)"
         )
@@ -758,10 +782,6 @@ def build_parser() -> argparse.ArgumentParser:
             default="auto",
             help="progress on stderr (default: auto, for large sessions on a terminal)",
         )
-        if lock:
-            sub.add_argument(
-                "--lock", action="store_true", help="also take the cross-process flock while writing"
-            )
 
     sub = command("backends", "list the registered backends", file=False)
     sub.add_argument("--json", action="store_true", help="as JSON")
@@ -774,8 +794,14 @@ def build_parser() -> argparse.ArgumentParser:
     common(sub)
 
     sub = command("repair", "drop a torn tail (only that: a corrupted session is refused and left as it is)")
-    common(sub, lock=True)
+    common(sub)
     sub.add_argument("--dry-run", action="store_true", help="say what would be dropped, change nothing")
+    sub.add_argument(
+        "--quarantine",
+        action="store_true",
+        help="for a session refused as corrupt: move everything from its first bad line into a side "
+        "file next to it (NAME.quarantine.OFFSET, synced), so that it opens again; never a default",
+    )
 
     sub = command(
         "reduce", 'print the reduced state: {"ok": true, "state": ...} or {"ok": false, "error": ...}'
@@ -787,7 +813,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--current", required=True, metavar="CONFIG.json", help="the current configuration")
 
     sub = command("recover", "commit every recovery step that needs no effect; print them and the plan left")
-    common(sub, lock=True)
+    common(sub)
     sub.add_argument("--current", required=True, metavar="CONFIG.json", help="the current configuration")
     sub.add_argument("--dry-run", action="store_true", help="say what would be committed, write nothing")
     sub.add_argument("--json", action="store_true", help="as JSON")
@@ -800,7 +826,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("src", metavar="SRC", help="the session to copy")
     sub.add_argument("dst", metavar="DST", help="the new session (must not exist)")
     sub.add_argument("--to", required=True, metavar="BACKEND", help="the backend of DST")
-    common(sub, lock=True)
+    common(sub)
     return parser
 
 
@@ -815,7 +841,7 @@ COMMANDS = {
     "convert": cmd_convert,
 }
 _USAGE_ERRORS = (UsageError, UnknownBackendError, SessionNotFoundError, SessionExistsError, SessionPathError)
-_BAD_SESSION = (CorruptionError, ValidationError, Mismatch, SessionLockedError, StorePoisonedError)
+_BAD_SESSION = (CorruptionError, ValidationError, Mismatch, StorePoisonedError)
 
 
 def _message(error: BaseException) -> str:
@@ -827,7 +853,7 @@ def _message(error: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None) -> int:
-    """Run the command line; return the exit status (0 ok, 1 the session is bad, 2 usage)."""
+    """Run the command line; return the exit status (0 ok, 1 the session is bad, 2 usage, 3 in use)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -842,6 +868,9 @@ def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None)
     except _BAD_SESSION as error:
         _error(args.command, _message(error))
         return 1
+    except SessionLockedError as error:
+        _error(args.command, f"{_message(error)}; nothing was changed (try again when it is closed)")
+        return EXIT_IN_USE
     except BrokenPipeError:  # `sessionlog reduce FILE | head`: the reader left, say nothing more
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

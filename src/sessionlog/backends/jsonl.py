@@ -10,7 +10,7 @@ from ..core.store import BackendInfo
 from ..plugins.hookspecs import Register, hookimpl
 from .jsonl_file import DEFAULT_OPS, FileOps, JsonlFile, open_file
 
-INFO = BackendInfo("jsonl", "process", "sync", "JSONL file, one write per commit, no fsync")
+INFO = BackendInfo("jsonl", "process", "sync", "JSONL file, one write per commit, no fsync", plain_file=True)
 
 
 def open_jsonl(

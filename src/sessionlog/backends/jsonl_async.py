@@ -24,7 +24,11 @@ from ..plugins.hookspecs import Register, hookimpl
 from .jsonl_file import DEFAULT_OPS, FileOps, JsonlFile, open_file
 
 INFO = BackendInfo(
-    "jsonl-async", "process", "async", "JSONL file via aiofiles; concurrent commits share one write"
+    "jsonl-async",
+    "process",
+    "async",
+    "JSONL file via aiofiles; concurrent commits share one write",
+    plain_file=True,
 )
 
 _T = TypeVar("_T")

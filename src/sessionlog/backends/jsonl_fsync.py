@@ -10,7 +10,9 @@ from ..core.store import BackendInfo
 from ..plugins.hookspecs import Register, hookimpl
 from .jsonl_file import DEFAULT_OPS, FileOps, JsonlFile, open_file
 
-INFO = BackendInfo("jsonl-fsync", "power", "sync", "JSONL file, one write + fdatasync per commit")
+INFO = BackendInfo(
+    "jsonl-fsync", "power", "sync", "JSONL file, one write + fdatasync per commit", plain_file=True
+)
 
 
 def open_jsonl_fsync(

@@ -25,6 +25,7 @@ INFO = BackendInfo(
     "async",
     "JSONL file, group commit: one write + fdatasync per batch",
     group_commit=True,
+    plain_file=True,
 )
 
 

@@ -172,6 +172,28 @@ def _load(data: bytes, max_line_bytes: int, nul_tail: bool, nul_window: int) -> 
     return reducer, end
 
 
+def valid_prefix(
+    data: bytes, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, nul_tail: bool = False, nul_window: int = 0
+) -> tuple[int, CorruptionError | None]:
+    """How far `data` is valid: (the length of the longest prefix of whole lines that reduces, as
+    a store reads it; the error that stops it there, or None when all of it reduces and the tail,
+    if any, is a torn write). The prefix is 0 when the header itself is bad."""
+    first: CorruptionError | None = None
+    cut = len(data)
+    while True:
+        try:
+            _, end = _load(data[:cut], max_line_bytes, nul_tail, nul_window)  # data itself at first
+            if first is None:
+                check_torn_tail(data, end)
+            return end, first
+        except CorruptionError as error:
+            first = first or error
+            offset = error.offset or 0
+            if offset >= cut or offset == 0:
+                return 0, first
+            cut = offset
+
+
 def reduce_bytes(
     data: bytes,
     *,

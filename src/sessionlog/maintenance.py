@@ -1,0 +1,152 @@
+"""What an operator does to a session file besides committing: set a corrupt tail aside, and
+write a whole copy into place atomically. Both hold the session's writer lock while they work,
+and both leave either the old state or the new one after a crash, never a mix.
+
+Quarantine (`sessionlog repair --quarantine`, never a default): a log refused as corrupt is cut
+at its first bad line; everything from there moves into a side file next to the session
+(`NAME.quarantine.<offset>`, created and synced before the session is truncated), so that the
+session opens again and nothing is destroyed. A kill between the two steps leaves the side file
+and the intact session: running it again finds the same cut and a side file already there.
+
+Copy into place (`sessionlog convert` to a file backend): the copy is written to a temporary file
+next to the destination, synced, and linked to its name only when complete, as `create` does; a
+kill leaves no destination and a temporary that the next create or open of it removes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .backends.jsonl_file import DEFAULT_OPS, JsonlFile, remove_stale_temporaries, temporary_path
+from .core.errors import CorruptionError, SessionExistsError
+from .core.framing import lines
+from .core.loading import valid_prefix
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """What `quarantine` moved (or would move): bytes from `offset` on, `lines` lines (the last
+    one possibly without LF), the seqs found in them, into `side_file`, because of `error`."""
+
+    path: Path
+    side_file: Path
+    offset: int
+    moved_bytes: int
+    lines: int
+    first_line: int
+    seqs: tuple[int, int] | None
+    error: CorruptionError
+
+
+def quarantine(path: Path, rule: dict[str, Any], *, dry_run: bool = False) -> Quarantine | None:
+    """Set aside everything from the first bad line of the session at `path` (see the module
+    docstring); None when the log is valid. CorruptionError when the header itself is bad (there
+    is nothing left that would open). Takes the writer lock: SessionLockedError while in use."""
+    file = JsonlFile.open(path, sync=True)
+    try:
+        data = file.read()
+        offset, error = valid_prefix(data, **rule)
+        if error is None:
+            return None
+        if offset == 0:
+            raise error.located(path)
+        moved = data[offset:]
+        report = Quarantine(
+            path,
+            path.with_name(f"{path.name}.quarantine.{offset}"),
+            offset,
+            len(moved),
+            moved.count(b"\n") + (not moved.endswith(b"\n")),
+            data.count(b"\n", 0, offset) + 1,
+            _seqs(moved),
+            error.located(path),
+        )
+        if dry_run:
+            return report
+        _write_side_file(report.side_file, moved)
+        file.truncate(offset)  # synced: the session opens from here on
+        return report
+    finally:
+        file.close()
+
+
+def _seqs(moved: bytes) -> tuple[int, int] | None:
+    """The first and last seq of the moved lines that still parse (best effort: they are bad)."""
+    import orjson
+
+    found: list[int] = []
+    for _, _, raw in lines(moved, len(moved)):
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue
+        for fact in value if type(value) is list else [value]:
+            if type(fact) is dict and type(fact.get("seq")) is int:
+                found.append(fact["seq"])
+    return (min(found), max(found)) if found else None
+
+
+def _write_side_file(side: Path, data: bytes) -> None:
+    """Create `side` holding `data`, synced with its directory entry; an identical one from an
+    interrupted earlier run is kept, a different one is never overwritten."""
+    try:
+        existing = side.read_bytes()
+    except FileNotFoundError:
+        existing = None
+    if existing is not None:
+        if existing == data:
+            return
+        raise SessionExistsError(
+            errno.EEXIST, f"a different quarantine file is already there: {side}", str(side)
+        )
+    write_into_place(side, data)
+
+
+def write_into_place(destination: Path, data: bytes) -> None:
+    """Write a new file atomically: a temporary next to it, synced, linked to its name (which
+    must not exist: SessionExistsError), the directory synced."""
+    temp = temporary_path(destination, "converting")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    link_into_place(temp, destination)
+
+
+def link_into_place(temp: Path, destination: Path) -> None:
+    """Give the complete, synced file `temp` its final name; the temporary name goes either way."""
+    try:
+        os.link(temp, destination)
+    except FileExistsError:
+        raise SessionExistsError(errno.EEXIST, f"already exists: {destination}", str(destination)) from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+    DEFAULT_OPS.fsync_directory(destination.parent)
+
+
+def sync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+__all__ = [
+    "Quarantine",
+    "link_into_place",
+    "quarantine",
+    "remove_stale_temporaries",
+    "sync_file",
+    "write_into_place",
+]
