@@ -54,3 +54,28 @@ SNAPSHOT = {
     "routingIdentity": "routing",
     "outputOptionsDigest": "sha256:" + "0" * 64,
 }
+
+
+# -- the command line, run in-process ---------------------------------------------------------------
+
+
+class Run:
+    """One in-process run of the command line."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str], argv: list[str], registry: Any) -> None:
+        from sessionlog.cli import main
+
+        self.code = main([str(arg) for arg in argv], registry=registry)
+        captured = capsys.readouterr()
+        self.out, self.err = captured.out, captured.err
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Any:
+    def run(*argv: Any, registry: Any = None) -> Run:
+        return Run(capsys, list(argv), registry)
+
+    return run

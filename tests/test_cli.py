@@ -15,7 +15,6 @@ import pytest
 
 import sessionlog
 from conftest import FIXTURES, PLANNER_FIXTURES, shared_manifest
-from sessionlog.cli import main
 from sessionlog.core import facts as F
 from sessionlog.core.store import BackendInfo
 from sessionlog.plugins.hookspecs import hookimpl
@@ -23,28 +22,6 @@ from sessionlog.plugins.registry import Registry, plugin_manager
 from test_recovery import CURRENT, READ, WRITE, accept, attempt, new_store, pending_tools, settle
 
 TORN = b'{"kind":"entry","seq":99,"id":"0'
-
-
-class Run:
-    """One in-process run of the command line."""
-
-    def __init__(
-        self, capsys: pytest.CaptureFixture[str], argv: list[str], registry: Registry | None
-    ) -> None:
-        self.code = main([str(arg) for arg in argv], registry=registry)
-        captured = capsys.readouterr()
-        self.out, self.err = captured.out, captured.err
-
-    def json(self) -> Any:
-        return json.loads(self.out)
-
-
-@pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str]) -> Any:
-    def run(*argv: Any, registry: Registry | None = None) -> Run:
-        return Run(capsys, list(argv), registry)
-
-    return run
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ while the session is in use, and never leave a partial copy."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,8 @@ import pytest
 
 import sessionlog
 from sessionlog import cli as cli_module
-from test_cli import cli, current, mid_crash, torn  # noqa: F401 (fixtures)
+from test_cli import mid_crash, torn
+from test_recovery import CURRENT
 
 _HOLDER = """
 import os, sys, sessionlog
@@ -25,10 +27,10 @@ sys.stdin.read()
 """
 
 
-def test_writing_commands_refuse_a_session_held_by_a_live_writer(
-    cli: Any, current: Path, tmp_path: Path
-) -> None:
+def test_writing_commands_refuse_a_session_held_by_a_live_writer(cli: Any, tmp_path: Path) -> None:
     path = mid_crash(tmp_path / "s.jsonl")
+    current = tmp_path / "current.json"
+    current.write_text(json.dumps(CURRENT))
     holder = subprocess.Popen(
         [sys.executable, "-c", _HOLDER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
