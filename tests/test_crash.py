@@ -18,6 +18,7 @@ import pytest
 
 import sessionlog
 from sessionlog.testing.crash import Stream, run_kills, verify_log
+from sessionlog.testing.operations import OPERATIONS, run_operation_kills
 
 SOAK = os.environ.get("SESSIONLOG_SOAK") == "1"
 KILLS = 2_000 if SOAK else 200
@@ -107,3 +108,17 @@ def test_the_check_catches_what_it_must(tmp_path: Path) -> None:
     assert verify_log(nul, stream, rule={}).error is not None  # process class: corruption
     power = verify_log(nul, stream, rule={"nul_tail": True})  # power class: a torn last line
     assert power.transactions == 1 and power.torn_bytes == len(lines[1])
+
+
+OPERATION_KILLS = 500 if SOAK else 50
+
+
+@pytest.mark.parametrize("operation", OPERATIONS)
+def test_kill9_during_an_operator_command_loses_nothing_and_leaves_no_debris(
+    operation: str, tmp_path: Path
+) -> None:
+    report = run_operation_kills(operation, OPERATION_KILLS, directory=tmp_path)
+    print(f"\n{operation}: {report.kills} kills, {report.killed} before it finished, {report.outcomes}")
+    assert report.failures == []
+    assert report.kills == OPERATION_KILLS
+    assert report.killed > 0  # some kills landed before the command finished

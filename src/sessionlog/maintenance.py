@@ -51,6 +51,7 @@ def quarantine(path: Path, rule: dict[str, Any], *, dry_run: bool = False) -> Qu
     try:
         data = file.read()
         offset, error = valid_prefix(data, **rule)
+        remove_stale_temporaries(path)  # of an earlier quarantine killed while it wrote
         if error is None:
             return None
         if offset == 0:

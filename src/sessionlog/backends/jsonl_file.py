@@ -317,21 +317,26 @@ def temporary_path(path: Path, purpose: str) -> Path:
 
 
 def remove_stale_temporaries(path: Path) -> None:
-    """Remove the temporaries of `path` whose process is gone (killed during a create or a
-    convert). Those of a live process are its work in progress and stay."""
-    prefix = f".{path.name}."
+    """Remove the temporaries of `path` whose process is gone (killed during a create, a convert
+    or a quarantine): `.NAME.PID.RANDOM.PURPOSE`, and those nested in them (the create of a
+    convert's temporary) or of a side file (`NAME.quarantine.N`). Those of a live process are
+    its work in progress and stay."""
+    marker = f".{path.name}."
     try:
-        names = [entry.name for entry in os.scandir(path.parent) if entry.name.startswith(prefix)]
+        names = [entry.name for entry in os.scandir(path.parent) if marker in entry.name]
     except OSError:
         return
     for name in names:
-        parts = name[len(prefix) :].split(".")
-        if len(parts) < 2 or not parts[0].isdigit() or parts[-1] not in ("creating", "converting"):
+        parts = name.split(".")
+        if len(parts) < 5 or not name.startswith(".") or parts[-1] not in _PURPOSES:
             continue
-        if _alive(int(parts[0])):
+        if not parts[-3].isdigit() or _alive(int(parts[-3])):
             continue
         with contextlib.suppress(OSError):
             os.unlink(path.parent / name)
+
+
+_PURPOSES = ("creating", "converting")
 
 
 def _alive(pid: int) -> bool:
