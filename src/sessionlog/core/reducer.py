@@ -679,7 +679,11 @@ class Reducer:
         through = len(self.message_ids) + 1
         if pre_execution:
             reason = result.get("reason")
-            if result.get("type") != "synthetic" or reason not in PRE_EXECUTION_REASONS:
+            if (
+                result.get("type") != "synthetic"
+                or type(reason) is not str
+                or reason not in PRE_EXECUTION_REASONS
+            ):
                 raise _fail("INVALID_FACT", line, seq, "result is not a pre-execution synthetic result")
             assistant_id = entry.get("assistantEntryId")
             if type(assistant_id) is not str or _UUID7(assistant_id) is None:
