@@ -37,7 +37,8 @@ import sessionlog  # noqa: E402
 from sessionlog.testing.crash import run_kills  # noqa: E402
 from sessionlog.testing.faults import real_enospc, run_faults  # noqa: E402
 from sessionlog.testing.mutations import run_corpus  # noqa: E402
-from sessionlog.testing.powerloss import run_powerloss  # noqa: E402
+from sessionlog.testing.operations import OPERATIONS, run_operation_kills  # noqa: E402
+from sessionlog.testing.powerloss import run_bit_flips, run_powerloss  # noqa: E402
 
 
 @dataclass
@@ -79,6 +80,54 @@ def kill9(names: list[str], kills: int, directory: Path) -> tuple[Table, bool]:
                 f"torn tails, {report.reopened} reopen + append checks)",
                 str(report.lost),
                 "pass" if report.ok else "FAIL: " + "; ".join(report.failures[:2]),
+            )
+        )
+    return rows, ok
+
+
+def operator_kills(kills: int, directory: Path) -> tuple[Table, bool]:
+    rows, ok = [], True
+    for operation in OPERATIONS:
+        folder = directory / f"ops-{operation}"
+        folder.mkdir()
+        report = _timed(
+            f"kill -9 during {operation}",
+            lambda operation=operation, folder=folder: run_operation_kills(
+                operation, kills, directory=folder
+            ),
+        )
+        ok = ok and report.ok
+        outcomes = ", ".join(f"{name} {count}" for name, count in sorted(report.outcomes.items()))
+        rows.append(
+            Row(
+                f"kill -9 during `{'repair --quarantine' if operation == 'quarantine' else operation}`",
+                "jsonl-fsync",
+                "power",
+                f"{report.kills} kills, {report.killed} before it finished (left: {outcomes}); no partial "
+                "copy, no debris",
+                "0" if report.ok else "see result",
+                "pass" if report.ok else "FAIL: " + "; ".join(report.failures[:2]),
+            )
+        )
+    return rows, ok
+
+
+def bit_flips(names: list[str], directory: Path) -> tuple[Table, bool]:
+    rows, ok = [], True
+    for name in names:
+        if sessionlog.backends()[name].durability != "power":
+            continue
+        report = _timed(f"bit flips {name}", lambda name=name: run_bit_flips(name, directory))
+        ok = ok and not report.shortened
+        rows.append(
+            Row(
+                "every single-bit flip of a synced log",
+                name,
+                "power",
+                f"{report.flips:,} flips: {report.refused:,} refused (CorruptionError), {report.kept:,} "
+                "reduced with every line (a changed letter)",
+                f"{len(report.shortened)} flips shorten the log",
+                "pass" if not report.shortened else f"FAIL: {report.shortened[:3]}",
             )
         )
     return rows, ok
@@ -331,12 +380,18 @@ EXPLANATION = """\
   and content), hold every acknowledged one, and the next child (or the parent) reopens it and
   appends. Both classes promise this. Where a kill lands is random; how many left a torn tail is
   reported, not required.
+* **kill -9 during an operator command**: `create`, `repair`, `repair --quarantine` and
+  `convert` run in a child that is SIGKILLed at a random moment within the command's measured
+  duration. Afterwards the session holds every committed line, nothing partial stands under a
+  final name (a copy, a side file), running the command again finishes the job, and no
+  temporary file is left.
 * **power loss (simulated)**: every file operation of a workload is recorded; every prefix of
   the operations is a crash point; at each, every byte prefix of the unsynced bytes, each
   unsynced 4 KiB page zeroed, dropped (stale), zeroed to the end, or the file ending in a page
   of garbage, and a file not yet made durable by a directory fsync missing (model:
   `sessionlog.testing.powerloss`). States whose committed part is equal are one class; each
-  distinct image is reduced. *Power class*: every state must open (with the NUL rule) and hold
+  distinct image is reduced. *Power class*: every state must open (with the NUL rule: NUL runs
+  shaped as unwritten sectors of the last write are torn, any other NUL is corruption) and hold
   every commit whose sync returned. *Process class*: states that lose acknowledged commits are
   counted: that is its trade-off, not a failure. No state of either class may be *misread*
   (reduce to something that was not written).
@@ -345,6 +400,9 @@ EXPLANATION = """\
   (StorePoisonedError for a commit), the store stays poisoned, and after reopening the failing
   commit is wholly present or wholly absent and every acknowledged one is there. Also a real
   full disk.
+* **every single-bit flip**: each bit of each byte of a small synced power-class log is flipped
+  and the log opened as its store opens it: refused, or every line still there. A flip never
+  makes the NUL rule or the torn-tail repair drop an acknowledged line.
 * **async cancellation**: the stress of `tests/test_cancellation.py` (random cancels before,
   during and after the write; every acknowledged commit present once, in order).
 * **corruption fuzzing**: each case reduces to the state of its committed prefix, or raises
@@ -403,7 +461,9 @@ def main(argv: list[str] | None = None) -> int:
         directory = Path(folder)
         for table, ok in (
             kill9(names, kills, directory),
+            operator_kills(kills // 4, directory),
             power_loss(names, traces, directory),
+            bit_flips(names, directory),
             faults(names, directory),
             cancellation(names, rounds),
             fuzzing(per_kind, hypothesis_rounds),
