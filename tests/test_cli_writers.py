@@ -133,3 +133,13 @@ def test_a_failed_convert_leaves_no_copy_and_no_temporary(
     assert copy.read_bytes() == path.read_bytes()
     run = cli("convert", path, copy, "--to", "jsonl")
     assert run.code == 2 and "already exists" in run.err  # never overwrites
+
+
+def test_verify_refuses_a_damaged_line_end_that_a_store_would_not_cut(cli: Any, tmp_path: Path) -> None:
+    path = mid_crash(tmp_path / "s.jsonl")
+    data = path.read_bytes()
+    path.write_bytes(data[:-1] + b"\x0b")  # one flipped bit turned the last LF into VT
+    run = cli("verify", path)
+    assert run.code == 1 and "damaged line end" in run.err
+    assert cli("repair", path).code == 1
+    assert path.read_bytes() == data[:-1] + b"\x0b"

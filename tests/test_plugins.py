@@ -148,7 +148,9 @@ def test_the_registered_plugin_is_picked_up_by_the_generated_suite() -> None:
 
 def test_backends_describe_their_durability_and_api() -> None:
     registered = sessionlog.backends()
-    assert registered["jsonl"] == BackendInfo("jsonl", "process", "sync", registered["jsonl"].description)
+    assert registered["jsonl"] == BackendInfo(
+        "jsonl", "process", "sync", registered["jsonl"].description, plain_file=True
+    )
     assert (registered["jsonl-fsync"].durability, registered["jsonl-fsync"].api) == ("power", "sync")
     for name, info in registered.items():
         assert info.name == name and info.durability in ("process", "power") and info.api in ("sync", "async")

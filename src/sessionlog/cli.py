@@ -58,7 +58,7 @@ from .core.errors import (
     ValidationError,
 )
 from .core.framing import lines, parse_line
-from .core.loading import reduce_bytes
+from .core.loading import check_torn_tail, reduce_bytes
 from .core.planner import plan_recovery
 from .core.state import SessionState
 from .core.store import reduce_stored
@@ -500,6 +500,7 @@ def cmd_inspect(args: argparse.Namespace, registry: Registry) -> int:
 def cmd_verify(args: argparse.Namespace, registry: Registry) -> int:
     data, state = load_session(args.file, args.backend, registry, args.progress)
     end = state.repaired_length
+    check_torn_tail(data, end, path=args.file)  # a damaged LF is no torn tail: a store refuses it
     count = data.count(b"\n", 0, end)
     notes = [f"{count:,} lines", f"last seq {state.last_seq}", f"{end:,} bytes committed"]
     if len(data) > end:
