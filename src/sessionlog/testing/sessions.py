@@ -420,14 +420,16 @@ _ODDS = {
     ),
 }
 _ODDS["bulk-flat"] = _ODDS["bulk"]
-# A bulk session compacts twice, after about a third and two thirds of its facts: a compaction
-# costs O(session) (it names and digests every message so far), so a fixed count at fixed
-# fractions keeps the total cost linear in the session's size, and equally so at every size.
-_BULK_COMPACTIONS_AT = (1 / 3, 2 / 3)
+# A bulk session compacts twice by default, after about a third and two thirds of its facts
+# (`compactions=N` spreads N evenly instead): a compaction names every message so far, so a
+# fixed count keeps the session's size linear in its facts.
+_BULK_COMPACTIONS = 2
 
 
 class _Generator:
-    def __init__(self, seed: int, budget: int, profile: str, text_scale: int = 1) -> None:
+    def __init__(
+        self, seed: int, budget: int, profile: str, text_scale: int = 1, compactions: int = _BULK_COMPACTIONS
+    ) -> None:
         if profile not in _ODDS:
             raise ValueError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
         self.seed = seed
@@ -446,7 +448,7 @@ class _Generator:
         self.calls = 0
         self.templates: dict[tuple[int, str, int], Fact] = {}
         self.last_attempt: tuple[str, str] | None = None  # (operation, attempt) for late usage
-        self.compaction_points = [int(budget * share) for share in _BULK_COMPACTIONS_AT]
+        self.compaction_points = [budget * (n + 1) // (compactions + 1) for n in range(compactions)]
         environment = f"env-{self.rng.getrandbits(32):08x}"
         model = self.rng.choice(("test/model", "anthropic/claude-sonnet", "openai/gpt-4.1"))
         self.header: dict[str, Any] = {
@@ -910,18 +912,30 @@ class _Generator:
 
 
 def generate_session(
-    seed: int, facts: int = 200, *, profile: str = "mixed", text_scale: int = 1
+    seed: int,
+    facts: int = 200,
+    *,
+    profile: str = "mixed",
+    text_scale: int = 1,
+    compactions: int | None = None,
 ) -> GeneratedSession:
     """A valid session of exactly ``facts`` facts, the same for the same arguments.
     ``text_scale`` (bulk profiles only) multiplies the length of every message and argument text:
-    4 makes ~2 KB tool results, as a coding agent's file reads and command outputs often are."""
+    4 makes ~2 KB tool results, as a coding agent's file reads and command outputs often are.
+    ``compactions`` (``bulk`` only, default 2) spreads that many compactions evenly."""
     if facts < 0:
         raise ValueError(f"facts must be >= 0, got {facts}")
     if type(text_scale) is not int or text_scale < 1:
         raise ValueError(f"text_scale must be a positive integer, got {text_scale!r}")
-    if text_scale != 1 and not profile.startswith("bulk"):
-        raise ValueError("text_scale applies to the bulk profiles only")
-    return _Generator(seed, facts, profile, text_scale).generate()
+    if (text_scale != 1 or compactions is not None) and profile != "bulk":
+        if text_scale != 1 and profile == "bulk-flat":
+            return _Generator(seed, facts, profile, text_scale).generate()
+        raise ValueError("text_scale applies to the bulk profiles only, compactions to bulk")
+    if compactions is not None and (type(compactions) is not int or compactions < 0):
+        raise ValueError(f"compactions must be an integer >= 0, got {compactions!r}")
+    return _Generator(
+        seed, facts, profile, text_scale, _BULK_COMPACTIONS if compactions is None else compactions
+    ).generate()
 
 
 def sessions(
