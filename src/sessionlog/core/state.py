@@ -1,13 +1,18 @@
 """SessionState: an immutable snapshot of the reduced session (contract section 10).
 
-Taking a snapshot costs time proportional to the current operation, not to the session: the
-transcript and the active context are append-only lists, so a snapshot keeps a reference and a
-length; only the small mutable parts (the current operation, its step and tool intents) are copied.
+Taking a snapshot costs a bounded amount, whatever the session's or the run's length: the
+transcript, the active context and the run's tool intents are append-only lists, so a snapshot
+keeps a reference and a length. Of the tool intents only those that can still change (from the
+earliest pending one on: the current step's) are copied; the others are settled for good.
+
+Reading costs what is read: `transcript` and `active_context` are read-only `Messages` views,
+whose items are copied as they are taken (so a caller never mutates the reducer's state).
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple, overload
 
 from .reducer import Attempt, Operation, Reducer
 
@@ -57,12 +62,13 @@ def _step(attempt: Attempt) -> dict[str, Any]:
 
 
 def _operation(operation: Operation | None) -> dict[str, Any]:
+    """The public operation object; a run's `toolCalls` are filled in when read (`_ToolCalls`)."""
     if operation is None:
         return {"kind": "idle"}
     public: dict[str, Any] = {"kind": operation.kind, "operationId": operation.id}
     if operation.kind == "run":
         public["inputEntryId"] = operation.input_id
-        public["toolCalls"] = [dict(tool) for tool in operation.tool_calls]
+        public["toolCalls"] = None  # its place in the contract's key order
     else:
         public["inputThroughEntryId"] = operation.input_id
         public["resultEntryId"] = operation.result_id
@@ -70,6 +76,79 @@ def _operation(operation: Operation | None) -> dict[str, Any]:
     if operation.step is not None:
         public["step"] = _step(operation.step)
     return public
+
+
+class _ToolCalls:
+    """A run's tool intents at one moment: the settled ones by reference (they never change
+    again), copies of those from the earliest pending one on (a result may still settle them)."""
+
+    __slots__ = ("_calls", "_settled", "_tail")
+
+    def __init__(self, operation: Operation) -> None:
+        calls = operation.tool_calls
+        settled = len(calls)
+        pending = operation.pending
+        while pending and settled:  # back to the earliest pending intent: the current step's
+            settled -= 1
+            pending -= calls[settled]["status"] == "pending"
+        self._calls = calls
+        self._settled = settled
+        self._tail = [dict(tool) for tool in calls[settled:]]
+
+    def public(self) -> list[dict[str, Any]]:
+        return [*map(copy_json, self._calls[: self._settled]), *map(copy_json, self._tail)]
+
+
+class Messages(Sequence[dict[str, Any]]):
+    """A read-only view of the transcript or the active context at one moment. Its length costs
+    nothing; each message is copied as it is taken (`view[i]`, iteration), so reading costs what
+    is read. `list(view)` makes a list of copies, to send to a model or to change."""
+
+    __slots__ = ("_items", "_length")
+
+    def __init__(self, items: list[dict[str, Any]], length: int) -> None:
+        self._items = items
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(index, slice):
+            return [copy_json(self._items[position]) for position in range(*index.indices(self._length))]
+        position = range(self._length)[index]  # IndexError, negative indices
+        return copy_json(self._items[position])  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        items = self._items
+        for position in range(self._length):
+            yield copy_json(items[position])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Messages):
+            return self._length == other._length and all(
+                self._items[index] == other._items[index] for index in range(self._length)
+            )
+        if isinstance(other, list | tuple):
+            return self._length == len(other) and all(
+                self._items[index] == item for index, item in enumerate(other)
+            )
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<Messages: {self._length} message{'' if self._length == 1 else 's'}>"
+
+    def to_list(self) -> list[dict[str, Any]]:
+        """Copies of every message, as a list."""
+        return list(self)
 
 
 class SessionState:
@@ -81,6 +160,7 @@ class SessionState:
         "_boundary",
         "_calls",
         "_header",
+        "_intents",
         "_last_seq",
         "_operation",
         "_outcomes",
@@ -99,6 +179,8 @@ class SessionState:
         self._active_length = len(reducer.active_context)
         self._usage = Usage(*reducer.usage)
         self._operation = _operation(reducer.current)
+        current = reducer.current
+        self._intents = _ToolCalls(current) if current is not None and current.kind == "run" else None
         self._repaired_length = repaired_length
         self._last_seq = reducer.next_seq - 1
         self._boundary = reducer.boundary
@@ -106,7 +188,6 @@ class SessionState:
         self._settled_id: str | None = None
         self._calls: list[dict[str, Any]] = []
         self._outcomes: frozenset[int] = frozenset()
-        current = reducer.current
         step = current.step if current is not None else None
         if current is not None and current.kind == "run" and step is not None and step.settled_id:
             entry = reducer.entries[step.settled_id]
@@ -122,10 +203,10 @@ class SessionState:
         """Exactly the `state` object of the contract's expected-state schema."""
         return {
             "header": dict(self._header),
-            "transcript": self.transcript,
-            "activeContext": self.active_context,
+            "transcript": self.transcript.to_list(),
+            "activeContext": self.active_context.to_list(),
             "usage": self._usage.to_json(),
-            "operation": copy_json(self._operation),
+            "operation": self.operation,
             "repairedLength": self._repaired_length,
         }
 
@@ -151,13 +232,14 @@ class SessionState:
         return str(self._header["id"])
 
     @property
-    def transcript(self) -> list[dict[str, Any]]:
-        return [copy_json(message) for message in self._transcript[: self._transcript_length]]
+    def transcript(self) -> Messages:
+        """Every message of the session, as a read-only view (see `Messages`)."""
+        return Messages(self._transcript, self._transcript_length)
 
     @property
-    def active_context(self) -> list[dict[str, Any]]:
-        """The messages to send to the model next."""
-        return [copy_json(message) for message in self._active[: self._active_length]]
+    def active_context(self) -> Messages:
+        """The messages to send to the model next, as a read-only view (`list(...)` to send)."""
+        return Messages(self._active, self._active_length)
 
     @property
     def active_context_through(self) -> str | None:
@@ -185,7 +267,10 @@ class SessionState:
     @property
     def operation(self) -> dict[str, Any]:
         """The contract's `operation` object: `{"kind": "idle"}` or the current run/compaction."""
-        return copy_json(self._operation)  # type: ignore[no-any-return]
+        public: dict[str, Any] = copy_json(self._operation)
+        if self._intents is not None:
+            public["toolCalls"] = self._intents.public()
+        return public
 
     @property
     def current_operation(self) -> dict[str, Any] | None:
@@ -206,7 +291,7 @@ class SessionState:
     @property
     def tool_calls(self) -> list[dict[str, Any]]:
         """Every tool intent of the current run, pending or completed."""
-        return copy_json(self._operation.get("toolCalls", []))  # type: ignore[no-any-return]
+        return [] if self._intents is None else self._intents.public()
 
     @property
     def pending_tools(self) -> list[dict[str, Any]]:

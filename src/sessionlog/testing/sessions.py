@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -34,6 +34,7 @@ import orjson
 
 from ..core import facts as build
 from ..core.canonical import configuration_digest, source_digest
+from ..core.ids import new_id
 from ..core.state import copy_json
 
 if TYPE_CHECKING:
@@ -950,3 +951,46 @@ def sessions(
         st.integers(min_value=min_facts, max_value=max_facts),
         profile=st.just(profile),
     )
+
+
+# A configuration snapshot declaring one safe tool, `read`, for `tool_run`.
+READ_SNAPSHOT: dict[str, Any] = {
+    "model": "m",
+    "systemPromptDigest": "sha256:" + "0" * 64,
+    "tools": [{"name": "read", "definitionDigest": "sha256:" + "1" * 64}],
+    "adapterIdentity": "adapter",
+    "routingIdentity": "routing",
+    "outputOptionsDigest": "sha256:" + "0" * 64,
+}
+
+
+def tool_run(steps: int, *, result: str = "contents") -> Iterator[list[Fact]]:
+    """The transactions of one long run: the prompt, then `steps` steps of one `read` each
+    (attempt, answer, intent, result: four transactions a step), the run left open. For the
+    benchmarks and tests of costs that must not grow with the run."""
+    prompt = build.accept_prompt("read everything")
+    yield prompt
+    operation, context = prompt[1]["record"]["operationId"], prompt[0]["id"]
+    for index in range(steps):
+        attempt = build.step_attempt(operation, context, READ_SNAPSHOT, id=new_id())
+        step, attempt_id = attempt["record"]["stepId"], attempt["record"]["attemptId"]
+        call = build.tool_call(f"call_{index}", "read", '{"path":"a.txt"}')
+        answer = build.assistant_message(step, attempt_id, None, tool_calls=[call], id=new_id())
+        intent = build.tool_started(
+            operation,
+            step,
+            answer["id"],
+            0,
+            call,
+            {"path": "a.txt"},
+            replay="safe",
+            replay_key="read:v1",
+            environment_identity="env",
+            id=new_id(),
+        )
+        done = build.tool_result(intent, result)
+        context = done["id"]
+        yield [attempt]
+        yield [answer]
+        yield [intent]
+        yield [done]
