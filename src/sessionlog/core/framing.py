@@ -50,6 +50,10 @@ MAX_NESTING_DEPTH = 254
 SECTOR = 512
 NUL_WINDOW = 4 << 20
 
+# From this length on a line is parsed by the strict path straight from the file's buffer: its
+# memory is then about the line's size once, not a copy plus a re-encoding.
+LARGE_LINE = 1 << 20
+
 _SURROGATE = re.compile(rb"\xed[\xa0-\xbf][\x80-\xbf]")
 _UTF8_CHUNK = 1 << 20
 
@@ -92,15 +96,20 @@ def check_committed(data: bytes, end: int) -> None:
 
 def lines(data: bytes, end: int, max_line_bytes: int | None = None) -> Iterator[tuple[int, int, bytes]]:
     """(line number, byte offset of the line, line bytes without the LF) for data[:end]. A line
-    longer than `max_line_bytes` is refused here, before it is copied."""
+    longer than `max_line_bytes` is refused here, before it is copied; one longer than
+    `LARGE_LINE` comes as a memoryview of `data`, not a copy."""
     find = data.find
     start = 0
     number = 1
+    view = memoryview(data)
     while start < end:
         stop = find(b"\n", start, end)
-        if max_line_bytes is not None and stop - start > max_line_bytes:
-            _refuse_long(number, start, stop - start, data[stop - 1] == 13, max_line_bytes)
-        yield number, start, data[start:stop]
+        if stop - start > LARGE_LINE:
+            if max_line_bytes is not None and stop - start > max_line_bytes:
+                _refuse_long(number, start, stop - start, data[stop - 1] == 13, max_line_bytes)
+            yield number, start, view[start:stop]  # type: ignore[misc]
+        else:
+            yield number, start, data[start:stop]
         start = stop + 1
         number += 1
 
@@ -122,6 +131,8 @@ def parse_line(raw: bytes, line: int, offset: int, max_line_bytes: int = DEFAULT
         raise CorruptionError("BLANK_LINE", line, detail="empty line", offset=offset)
     if len(raw) > max_line_bytes or raw[-1] == 13:
         _refuse_long(line, offset, len(raw), raw[-1] == 13, max_line_bytes)
+    if len(raw) > LARGE_LINE:  # re-encoding to prove it free of duplicate keys would cost 2-3x its size
+        return _parse_strict(raw, line, offset)
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -180,7 +191,7 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 def _parse_strict(raw: bytes, line: int, offset: int) -> Any:
     try:
         value = json.loads(
-            raw.decode("utf-8"),
+            str(raw, "utf-8"),
             object_pairs_hook=_no_duplicates,
             parse_constant=_no_constant,
             parse_float=_finite,
