@@ -4,6 +4,7 @@ long things take is measured in benchmarks/costs.py, never asserted here.)"""
 from __future__ import annotations
 
 import asyncio
+import weakref
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,31 @@ def test_reading_the_state_copies_only_what_is_read(monkeypatch: pytest.MonkeyPa
     assert transcript[:2] == list(transcript)[:2] and transcript == state.transcript.to_list()
     with pytest.raises(IndexError):
         transcript[len(transcript)]
+
+
+def test_a_load_leaves_the_hosts_collector_as_it_was(tmp_path: Path) -> None:
+    """No freeze: the host's cyclic garbage of the moment is still collected afterwards."""
+    import gc
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+    path = tmp_path / "s.jsonl"
+    with sessionlog.create(path, "jsonl", **HEADER) as store:
+        for transaction in tool_run(20):
+            store.commit(transaction)
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        try:
+            frozen = gc.get_freeze_count()
+            garbage = Cycle()
+            alive = weakref.ref(garbage)
+            del garbage
+            sessionlog.reduce_bytes(path.read_bytes())
+            sessionlog.open(path).close()
+            assert gc.isenabled() is enabled and gc.get_freeze_count() == frozen
+            gc.collect()
+            assert alive() is None  # collected: it was not frozen
+        finally:
+            gc.enable()
