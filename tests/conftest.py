@@ -8,6 +8,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+pytest_plugins = ["sessionlog.testing.plugin"]  # the conformance suite's fixtures (opt-in)
+
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "contract" / "schemas" / "session"
 FIXTURES = SHARED / "fixtures"
 PLANNER_FIXTURES = SHARED / "planner-fixtures"

@@ -264,12 +264,40 @@ def test_registries_are_independent() -> None:
     assert set(second) == set(default)
 
 
-def test_the_pytest_plugin_is_registered(request: pytest.FixtureRequest) -> None:
-    assert request.config.pluginmanager.has_plugin("sessionlog")
+def test_the_pytest_plugin_is_opt_in(tmp_path: Path) -> None:
+    """Installing sessionlog adds nothing to another project's pytest run: not the plugin, not
+    sessionlog, not asyncio."""
+    (tmp_path / "test_other.py").write_text(
+        textwrap.dedent(
+            """
+            import sys
+
+            def test_nothing_of_sessionlog_is_loaded(request):
+                assert not request.config.pluginmanager.has_plugin("sessionlog.testing.plugin")
+                assert "sessionlog" not in sys.modules
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_import_sessionlog_loads_no_asyncio() -> None:
+    code = "import sys, sessionlog; print('asyncio' in sys.modules, 'aiofiles' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "False"]
 
 
 def test_a_third_party_runs_the_suite_with_one_line(tmp_path: Path) -> None:
-    """Outside this repository: no conftest, only the entry-point pytest plugin."""
+    """Outside this repository: the opt-in plugin line, then one class."""
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["sessionlog.testing.plugin"]\n')
     (tmp_path / "test_mine.py").write_text(
         textwrap.dedent(
             """

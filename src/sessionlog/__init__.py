@@ -4,7 +4,8 @@ Every accepted prompt, model attempt, tool intent, tool result, usage figure and
 written before the effect it describes, in the canonical v2 session contract of tiny-agent.
 """
 
-from .core.async_store import AsyncSessionStore
+from typing import TYPE_CHECKING, Any
+
 from .core.canonical import canonical, configuration_digest, source_digest
 from .core.commit import encode_header
 from .core.errors import (
@@ -38,6 +39,19 @@ from .recovery import (
     start_step_facts,
     start_tool_facts,
 )
+
+if TYPE_CHECKING:
+    from .core.async_store import AsyncSessionStore
+
+
+def __getattr__(name: str) -> Any:
+    """What only async users need (and asyncio with it) loads on first use."""
+    if name == "AsyncSessionStore":
+        from .core.async_store import AsyncSessionStore
+
+        return AsyncSessionStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AsyncSessionStore",

@@ -1,27 +1,22 @@
 """`jsonl-async`: asyncio, process class. The JSONL writer core driven through aiofiles.
 
-`AsyncJsonlFile` adapts a `JsonlFile` (atomic create, O_NOFOLLOW, 0600, the single-writer guard,
-the writer lock, the `FileOps` seam) to asyncio: every method is one hop to aiofiles' executor, and
-`append_batch` writes a whole batch of lines with one write loop in that one hop (plus one
-fdatasync in the power class, which is `jsonl-group`). The store in `core.async_store` queues
-the commits and decides what a batch is; this module only moves bytes.
+`backends.async_file.AsyncJsonlFile` moves the bytes (one executor hop per call, one write per
+batch); the store in `core.async_store` queues the commits and decides what a batch is.
 
 An acknowledged `jsonl-async` commit is in the kernel: it survives kill -9, not power loss.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
-
-import aiofiles.os
+from typing import TYPE_CHECKING, Any
 
 from ..core.store import BackendInfo
 from ..plugins.hookspecs import Register, hookimpl
-from .jsonl_file import DEFAULT_OPS, FileOps, JsonlFile, open_file
+from .jsonl_file import DEFAULT_OPS, FileOps
+
+if TYPE_CHECKING:
+    from .async_file import AsyncJsonlFile
 
 INFO = BackendInfo(
     "jsonl-async",
@@ -31,68 +26,12 @@ INFO = BackendInfo(
     plain_file=True,
 )
 
-_T = TypeVar("_T")
-
-
-class AsyncJsonlFile:
-    """A `JsonlFile` for asyncio: one executor hop per call, one write (+ one sync) per batch."""
-
-    def __init__(self, file: JsonlFile) -> None:
-        self.file = file
-        # Normally the store never overlaps calls; if an event loop dies mid-write, `close`
-        # must still not pull the descriptor from under the worker thread.
-        self._lock = threading.Lock()
-        self._read = aiofiles.os.wrap(self._locked(file.read))
-        self._truncate = aiofiles.os.wrap(self._locked(file.truncate))
-        self._append_many = aiofiles.os.wrap(self._locked(file.append_many))
-
-    @classmethod
-    async def open(
-        cls, path: Path, *, create: bytes | None, sync: bool, ops: FileOps, options: dict[str, Any]
-    ) -> AsyncJsonlFile:
-        """Open (`create=None`) or atomically create the session, in one hop."""
-        opening = aiofiles.os.wrap(open_file)(path, create, sync=sync, ops=ops, options=options)
-        task: asyncio.Future[JsonlFile] = asyncio.ensure_future(opening)
-        try:
-            return cls(await asyncio.shield(task))
-        except asyncio.CancelledError:
-            # The worker thread goes on opening: close what it opens, or the file would stay
-            # claimed by this process. (A create may still have made the session file.)
-            task.add_done_callback(_close_opened)
-            raise
-
-    def _locked(self, method: Callable[..., _T]) -> Callable[..., _T]:
-        lock = self._lock
-
-        def call(*args: Any) -> _T:
-            with lock:
-                return method(*args)
-
-        return call
-
-    async def read(self) -> bytes:
-        return await self._read()
-
-    async def truncate(self, length: int) -> None:
-        await self._truncate(length)
-
-    async def append_batch(self, lines: list[bytes]) -> None:
-        await self._append_many(lines)
-
-    async def close(self) -> None:
-        # os.close only: no hop. The lock waits for a write a dying event loop left running.
-        with self._lock:
-            self.file.close()
-
-
-def _close_opened(task: asyncio.Future[JsonlFile]) -> None:
-    if not task.cancelled() and task.exception() is None:
-        task.result().close()
-
 
 async def open_jsonl_async(
     path: Path, *, create: bytes | None = None, ops: FileOps = DEFAULT_OPS, **options: Any
 ) -> AsyncJsonlFile:
+    from .async_file import AsyncJsonlFile  # asyncio and aiofiles only for async users
+
     return await AsyncJsonlFile.open(path, create=create, sync=False, ops=ops, options=options)
 
 

@@ -12,12 +12,14 @@ again: the fsync is not retried. The batch bounds (`max_batch_bytes`, `max_batch
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.store import BackendInfo
 from ..plugins.hookspecs import Register, hookimpl
-from .jsonl_async import AsyncJsonlFile
 from .jsonl_file import DEFAULT_OPS, FileOps
+
+if TYPE_CHECKING:
+    from .async_file import AsyncJsonlFile
 
 INFO = BackendInfo(
     "jsonl-group",
@@ -32,6 +34,8 @@ INFO = BackendInfo(
 async def open_jsonl_group(
     path: Path, *, create: bytes | None = None, ops: FileOps = DEFAULT_OPS, **options: Any
 ) -> AsyncJsonlFile:
+    from .async_file import AsyncJsonlFile  # asyncio and aiofiles only for async users
+
     return await AsyncJsonlFile.open(path, create=create, sync=True, ops=ops, options=options)
 
 

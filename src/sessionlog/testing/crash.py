@@ -428,7 +428,7 @@ class ForkServer:
 
 def serve(fd: int) -> None:
     """The fork server's loop (`python -m sessionlog.testing.crash serve FD`)."""
-    import sessionlog.backends.jsonl_async  # noqa: F401  (imported once, before any fork)
+    import sessionlog.backends.async_file  # noqa: F401  (imported once, before any fork)
 
     backends()  # load the default registry once, too
     control = socket.socket(fileno=fd)

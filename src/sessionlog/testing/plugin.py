@@ -1,4 +1,5 @@
-"""pytest plugin (entry point `pytest11`): fixtures of the sessionlog conformance suite.
+"""pytest plugin, opt-in (`pytest_plugins = ["sessionlog.testing.plugin"]` in a conftest.py):
+fixtures of the sessionlog conformance suite.
 
 `sessionlog_harness` gives a test of a `StoreContract` / `AsyncStoreContract` subclass a
 `Harness`: it builds stores of the class's `backend`, looked up in the class's `registry` (the

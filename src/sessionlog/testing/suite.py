@@ -1,7 +1,10 @@
 """The conformance suite: the invariants every sessionlog backend keeps, as mixin classes.
 
 A backend runs all of it by inheriting one class (the fixtures come from the pytest plugin
-`sessionlog.testing.plugin`, registered through the `pytest11` entry point)::
+`sessionlog.testing.plugin`, which a `conftest.py` asks for: it is opt-in, so that installing
+sessionlog changes no other project's test runs)::
+
+    pytest_plugins = ["sessionlog.testing.plugin"]  # in conftest.py
 
     from sessionlog.testing import StoreContract
 
