@@ -412,3 +412,26 @@ def _pipeline() -> Any:
     header = encode_header(cwd="/", provider="p", model="m", environment_identity="e")
     reducer, end = load(header)
     return CommitPipeline(reducer, end, 1)
+
+
+# -- issue 12, item 8: bounded messages that never echo a secret ------------------------------------
+
+
+def test_an_error_message_never_echoes_a_wrong_field_and_stays_short() -> None:
+    pipeline = _pipeline()
+    huge = "k" * 30_000_000
+    with pytest.raises(sessionlog.ValidationError) as caught:
+        pipeline.prepare([{"kind": huge}])
+    assert len(str(caught.value)) < 300 and "30,000,000 characters" in str(caught.value)
+    with pytest.raises(sessionlog.ValidationError) as caught:
+        pipeline.prepare([{**_user("x"), huge: 1}])
+    assert len(str(caught.value)) < 300
+    secret = {"api_key": "sk-live-0123456789abcdef"}
+    for fact in (
+        {"kind": "record", "record": {"type": "toolStarted", "replay": secret}},
+        {"kind": "record", "record": {"type": secret}},
+        {"kind": secret},
+    ):
+        with pytest.raises(sessionlog.ValidationError) as caught:
+            pipeline.prepare([fact])
+        assert "sk-live" not in str(caught.value) and "api_key" not in str(caught.value)

@@ -12,6 +12,8 @@ from typing import Any
 
 import orjson
 
+from .errors import shown
+
 MAX_SAFE_INTEGER = 2**53 - 1
 
 
@@ -31,7 +33,7 @@ def _encode(value: Any, out: list[bytes], strings_only: bool) -> None:
         first = True
         for key in sorted(value, key=_utf16):
             if type(key) is not str:
-                raise ValueError(f"object key {key!r} is not a string")
+                raise ValueError(f"object key {shown(key)} is not a string")
             if not first:
                 out.append(b",")
             first = False

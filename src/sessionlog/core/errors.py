@@ -24,6 +24,29 @@ CODES = (
 )
 
 
+def shown(value: object) -> str:
+    """A value for an error message, bounded and never a container's content: a short scalar's
+    text (strings cut to a prefix), else only its kind. A wrong field may hold a secret or a tool's
+    whole output; a message must neither echo it nor grow with it."""
+    if isinstance(value, str):
+        if len(value) <= _SHOWN:
+            return repr(value)
+        return f"{value[:_SHOWN]!r}... ({len(value):,} characters)"
+    if value is None or isinstance(value, bool | float):
+        return repr(value)
+    if isinstance(value, int):
+        text = str(value) if -(10**20) < value < 10**20 else f"an integer of {len(str(abs(value)))} digits"
+        return text
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    return f"a {type(value).__name__}"
+
+
+_SHOWN = 24
+
+
 class SessionLogError(Exception):
     """Base of every error sessionlog raises on purpose."""
 

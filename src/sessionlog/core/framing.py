@@ -35,7 +35,7 @@ from typing import Any
 
 import orjson
 
-from .errors import CorruptionError
+from .errors import CorruptionError, shown
 
 DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
 # The deepest value orjson encodes: every line that reads can be written back (and the fast path
@@ -151,7 +151,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     if len(value) != len(pairs):
         seen: set[str] = set()
         key = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
-        raise ValueError(f"duplicated object key {key!r}")
+        raise ValueError(f"duplicated object key {shown(key)}")
     return value
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from .errors import shown
 from .reducer import SYNTHETIC_CONTENT
 from .state import SessionState, copy_json
 
@@ -27,7 +28,7 @@ def _check_current(current: Mapping[str, Any]) -> None:
         raise TypeError("current configuration must be a mapping")
     for key in ("configurationDigest", "environmentIdentity", "tools"):
         if key not in current:
-            raise ValueError(f"current configuration lacks {key!r}")
+            raise ValueError(f"current configuration lacks {shown(key)}")
     if not isinstance(current["tools"], list):
         raise ValueError("current configuration 'tools' must be a list")
 

@@ -19,13 +19,13 @@ import contextlib
 import functools
 import hashlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
 
 from .canonical import MAX_SAFE_INTEGER, canonical, digest, source_digest
-from .errors import ContractError
+from .errors import ContractError, shown
 
 _UUID7 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}").fullmatch
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}").fullmatch
@@ -249,6 +249,13 @@ def _fail(code: str, line: int, seq: int | None, detail: str) -> ContractError:
     return ContractError(code, line, seq, detail)
 
 
+def _key_names(keys: Iterable[str]) -> str:
+    """Unknown keys for a message: at most five, each cut short (a key may be a megabyte long)."""
+    names = sorted(keys)
+    shown_names = ", ".join(shown(name) for name in names[:5])
+    return f"[{shown_names}{f' and {len(names) - 5} more' if len(names) > 5 else ''}]"
+
+
 def is_uuid7(value: Any) -> bool:
     return type(value) is str and _UUID7(value) is not None
 
@@ -258,13 +265,14 @@ def validate_header(value: Any, line: int = 1) -> dict[str, Any]:
     if type(value) is not dict:
         raise _fail("INVALID_HEADER", line, None, "the header is not an object")
     if not value.keys() <= HEADER_KEYS:
-        extra = sorted(value.keys() - HEADER_KEYS)
-        raise _fail("INVALID_HEADER", line, None, f"unknown header keys {extra}")
+        raise _fail(
+            "INVALID_HEADER", line, None, f"unknown header keys {_key_names(value.keys() - HEADER_KEYS)}"
+        )
     if value.get("kind") != "header":
         raise _fail("INVALID_HEADER", line, None, 'header kind is not "header"')
     version = value.get("version")
     if type(version) is not int or version != 2:
-        raise _fail("UNSUPPORTED_VERSION", line, None, f"version {version!r} is not 2")
+        raise _fail("UNSUPPORTED_VERSION", line, None, f"version {shown(version)} is not 2")
     if not is_uuid7(value.get("id")):
         raise _fail("INVALID_HEADER", line, None, "header id is not a UUIDv7")
     created = value.get("createdAt")
@@ -386,7 +394,7 @@ class Reducer:
                         "INVALID_TRANSCRIPT",
                         line,
                         self.next_seq - 1,
-                        f"tool message answers {call_id!r}, which no open tool call has",
+                        f"tool message answers {shown(call_id)}, which no open tool call has",
                     )
                 open_calls.remove(call_id)
             elif open_calls:
@@ -433,7 +441,7 @@ class Reducer:
         elif kind == "usage":
             self._apply_usage(fact, line, seq)
         else:
-            raise _fail("INVALID_FACT", line, seq, f"kind {kind!r} is not entry, record or usage")
+            raise _fail("INVALID_FACT", line, seq, f"kind {shown(kind)} is not entry, record or usage")
         if fact_id in self.reserved:
             raise _fail("DUPLICATE_ID", line, seq, f"id {fact_id} is reserved for another fact")
         self.ids.add(fact_id)
@@ -449,7 +457,7 @@ class Reducer:
     def _keys(value: dict[str, Any], allowed: frozenset[str], what: str, line: int, seq: int) -> None:
         if not allowed.issuperset(value):
             raise _fail(
-                "INVALID_FACT", line, seq, f"{what} has unknown keys {sorted(value.keys() - allowed)}"
+                "INVALID_FACT", line, seq, f"{what} has unknown keys {_key_names(value.keys() - allowed)}"
             )
 
     @staticmethod
@@ -531,7 +539,9 @@ class Reducer:
                 raise _fail("INVALID_FACT", line, seq, "tool_call_id is not a non-empty string")
             return value
         if role != "assistant":
-            raise _fail("INVALID_FACT", line, seq, f"message role {role!r} is not user, assistant or tool")
+            raise _fail(
+                "INVALID_FACT", line, seq, f"message role {shown(role)} is not user, assistant or tool"
+            )
         if not _ASSISTANT_MESSAGE.issuperset(value):
             self._keys(value, _ASSISTANT_MESSAGE, "assistant message", line, seq)
         if content is not None and type(content) is not str:
@@ -582,7 +592,9 @@ class Reducer:
         elif entry_type == "compaction":
             self._apply_compaction(entry, fact_id, line, seq)
         else:
-            raise _fail("INVALID_FACT", line, seq, f"entry type {entry_type!r} is not message or compaction")
+            raise _fail(
+                "INVALID_FACT", line, seq, f"entry type {shown(entry_type)} is not message or compaction"
+            )
 
     def _apply_message(self, entry: dict[str, Any], fact_id: str, line: int, seq: int) -> None:
         message = self._message(entry.get("message"), line, seq)
@@ -624,7 +636,7 @@ class Reducer:
                 raise _fail("INVALID_FACT", line, seq, "attemptId is not a UUIDv7")
         stop = entry.get("stopReason")
         if stop not in ("stop", "toolUse", "length"):
-            raise _fail("INVALID_FACT", line, seq, f"stopReason {stop!r} is not stop, toolUse or length")
+            raise _fail("INVALID_FACT", line, seq, f"stopReason {shown(stop)} is not stop, toolUse or length")
         if attempt is None or attempt.step_id != step_id or attempt.closed or attempt.kind != "assistant":
             raise _fail(
                 "INVALID_REFERENCE",
@@ -727,7 +739,10 @@ class Reducer:
         result_type = result.get("type")
         if result_type not in ("success", "error", "synthetic"):
             raise _fail(
-                "INVALID_FACT", line, seq, f"result type {result_type!r} is not success, error or synthetic"
+                "INVALID_FACT",
+                line,
+                seq,
+                f"result type {shown(result_type)} is not success, error or synthetic",
             )
         if result_type == "synthetic":
             if result.get("reason") != "interrupted":
@@ -766,7 +781,7 @@ class Reducer:
                 "INVALID_REFERENCE",
                 line,
                 seq,
-                f"tool call {index} of the assistant entry is not {call_id!r} calling {name!r}",
+                f"tool call {index} of the assistant entry is not {shown(call_id)} calling {shown(name)}",
             )
 
     def _apply_compaction(self, entry: dict[str, Any], fact_id: str, line: int, seq: int) -> None:
@@ -878,7 +893,7 @@ class Reducer:
         kind = record.get("type")
         allowed = _RECORD_KEYS.get(kind) if type(kind) is str else None
         if allowed is None or type(kind) is not str:
-            raise _fail("INVALID_FACT", line, seq, f"record type {kind!r} is unknown")
+            raise _fail("INVALID_FACT", line, seq, f"record type {shown(kind)} is unknown")
         if not allowed.issuperset(record):
             self._keys(record, allowed, kind, line, seq)
         if kind == "stepAttempt":
@@ -1043,7 +1058,9 @@ class Reducer:
                 raise _fail("INVALID_FACT", line, seq, "tool name is not a non-empty string")
             definition = tool.get("definitionDigest")
             if name in names or type(definition) is not str or _DIGEST(definition) is None:
-                raise _fail("INVALID_FACT", line, seq, f"snapshot tool {name!r} is repeated or malformed")
+                raise _fail(
+                    "INVALID_FACT", line, seq, f"snapshot tool {shown(name)} is repeated or malformed"
+                )
             names.add(name)
             tools.append((name, definition))
         key = (model, prompt, tuple(tools), adapter, routing, output)
@@ -1223,7 +1240,7 @@ class Reducer:
             raise _fail("INVALID_FACT", line, seq, "arguments is not an object")
         replay = record.get("replay")
         if replay not in ("safe", "never"):
-            raise _fail("INVALID_FACT", line, seq, f"replay {replay!r} is not safe or never")
+            raise _fail("INVALID_FACT", line, seq, f"replay {shown(replay)} is not safe or never")
         replay_key = record.get("replayKey")
         if type(replay_key) is not str or not replay_key:
             raise _fail("INVALID_FACT", line, seq, "replayKey is not a non-empty string")
@@ -1233,7 +1250,10 @@ class Reducer:
         attempt = self.attempts.get(assistant.attempt_id or "")
         if attempt is None or name not in attempt.declared:
             raise _fail(
-                "INVALID_TRANSITION", line, seq, f"tool {name!r} is not declared in the attempt's snapshot"
+                "INVALID_TRANSITION",
+                line,
+                seq,
+                f"tool {shown(name)} is not declared in the attempt's snapshot",
             )
         result_id = self._reserve(record.get("resultEntryId"), "resultEntryId", line, seq, _TOOL_RESULT)
         tool = {
@@ -1270,7 +1290,7 @@ class Reducer:
             raise _fail("INVALID_TRANSITION", line, seq, "operationKind differs or reason is not escape")
         phase = record.get("phase")
         if phase not in ("model", "tool", "compact"):
-            raise _fail("INVALID_FACT", line, seq, f"phase {phase!r} is not model, tool or compact")
+            raise _fail("INVALID_FACT", line, seq, f"phase {shown(phase)} is not model, tool or compact")
         if (phase == "tool") != (type(record.get("toolCallId")) is str):
             raise _fail("INVALID_FACT", line, seq, "toolCallId must be a string exactly when phase is tool")
         if self.current is not found or found.abort_requested:
