@@ -68,6 +68,7 @@ from .recovery import Plan, recover, recover_async
 
 PROG = "sessionlog"
 EXIT_IN_USE = 3
+_CURRENT_LIMIT = 16 << 20  # bytes: a current configuration is a few kilobytes
 _LARGE = 32 << 20  # bytes: from here on, work on a terminal shows progress
 _CHUNK_BYTES = 4 << 20
 _CHUNK_LINES = 1024
@@ -101,7 +102,27 @@ def _dumps(value: Any) -> str:
 
 
 def _out(text: str = "") -> None:
-    sys.stdout.write(text + "\n")
+    """A line for people: control and format characters (terminal escapes, bidi overrides) that
+    a model or a file put in a session are shown escaped, never executed by the terminal."""
+    sys.stdout.write(_escaped(text) + "\n")
+
+
+def _out_json(value: Any) -> None:
+    """JSON for programs (its encoder escapes what JSON must)."""
+    sys.stdout.write(_dumps(value) + "\n")
+
+
+def _escaped(text: str) -> str:
+    if text.isprintable():
+        return text
+    return "".join(
+        char
+        if char.isprintable() or char == "\n"
+        else f"\\x{ord(char):02x}"
+        if ord(char) < 0x100
+        else f"\\u{ord(char):04x}"
+        for char in text
+    )
 
 
 def _one_line(text: str) -> str:
@@ -109,7 +130,7 @@ def _one_line(text: str) -> str:
 
 
 def _error(command: str, message: str) -> None:
-    sys.stderr.write(f"{PROG} {command}: {_one_line(message)}\n")
+    sys.stderr.write(f"{PROG} {command}: {_escaped(_one_line(message))}\n")
 
 
 def _compact(value: Any) -> str:
@@ -308,7 +329,9 @@ def _current_problem(value: Any) -> str | None:
 def load_current(path: str) -> dict[str, Any]:
     """The current-configuration JSON file the planner needs (its schema, checked)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_session_file(path, limit=_CURRENT_LIMIT).decode("utf-8")
+    except SessionPathError as error:
+        raise UsageError(f"--current {path}: cannot read it: {error.strerror}") from None
     except (OSError, UnicodeDecodeError) as error:
         raise UsageError(f"--current {path}: cannot read it: {error}") from None
     try:
@@ -396,7 +419,7 @@ def cmd_backends(args: argparse.Namespace, registry: Registry) -> int:
         for info in (registry[name] for name in registry)
     ]
     if args.json:
-        _out(_dumps(rows))
+        _out_json(rows)
         return 0
     width = max((len(row["name"]) for row in rows), default=4)
     for row in rows:
@@ -412,7 +435,7 @@ def cmd_inspect(args: argparse.Namespace, registry: Registry) -> int:
         if args.json:
             failed = {"path": args.file, "backend": args.backend, "ok": False, "error": error.to_json()}
             failed["error"]["offset"] = error.offset
-            _out(_dumps(failed))
+            _out_json(failed)
         raise
     end = state.repaired_length
     counts = _counts(data, end, args.progress, args.file)
@@ -432,7 +455,7 @@ def cmd_inspect(args: argparse.Namespace, registry: Registry) -> int:
         "usageTotals": state.usage.to_json(),
     }
     if args.json:
-        _out(_dumps(report))
+        _out_json(report)
         return 0
     header = state.header
     torn = len(data) - end
@@ -518,16 +541,16 @@ def cmd_reduce(args: argparse.Namespace, registry: Registry) -> int:
     try:
         state = _reduce(args.file, data, args.progress, _power(registry, args.backend))
     except CorruptionError as error:
-        _out(_dumps({"ok": False, "error": error.to_json()}))
+        _out_json({"ok": False, "error": error.to_json()})
         raise
-    _out(_dumps({"ok": True, "state": state.to_json()}))
+    _out_json({"ok": True, "state": state.to_json()})
     return 0
 
 
 def cmd_plan(args: argparse.Namespace, registry: Registry) -> int:
     current = load_current(args.current)
     state = load_session(args.file, args.backend, registry, args.progress)[1]
-    _out(_dumps(plan_recovery(state, current)))
+    _out_json(plan_recovery(state, current))
     return 0
 
 
@@ -641,12 +664,12 @@ def cmd_recover(args: argparse.Namespace, registry: Registry) -> int:
         )
         return 1
     if args.json:
-        _out(_dumps({"dryRun": args.dry_run, "committed": done, "plan": plan}))
+        _out_json({"dryRun": args.dry_run, "committed": done, "plan": plan})
         return 0
     if not done:
         _out(f"{'would commit' if args.dry_run else 'committed'} nothing")
     _out(f"plan left: {describe_plan(plan, idle=idle)}")
-    _out(_dumps(plan))
+    _out_json(plan)
     return 0
 
 

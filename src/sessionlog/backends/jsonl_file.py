@@ -374,15 +374,31 @@ def _open_existing(path: Path, flags: int, ops: FileOps) -> int:
         ) from error
 
 
-def read_session_file(path: str | os.PathLike[str]) -> bytes:
-    """Every byte of a session file through a read-only descriptor: no writer claim, no lock."""
+def read_session_file(path: str | os.PathLike[str], *, limit: int | None = None) -> bytes:
+    """Every byte of a regular file through a read-only descriptor: no writer claim, no lock.
+    A FIFO, a device or a directory is refused without blocking on it or reading it (`O_NONBLOCK`),
+    and no more than the size the file had when opened is read; `limit`: refuse a larger file."""
     path = Path(path)
-    fd = _open_existing(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, DEFAULT_OPS)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    fd = _open_existing(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, DEFAULT_OPS)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SessionPathError(errno.EINVAL, f"not a regular file: {path}", str(path))
+        if limit is not None and info.st_size > limit:
+            raise SessionPathError(
+                errno.EFBIG, f"{path} is {info.st_size:,} bytes, more than the {limit:,} it may be", str(path)
+            )
+        chunks = []
+        offset = 0
+        while offset < info.st_size:
+            chunk = os.pread(fd, info.st_size - offset, offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            offset += len(chunk)
+        return b"".join(chunks)
+    finally:
         os.close(fd)
-        raise SessionPathError(errno.EINVAL, f"not a regular file: {path}", str(path))
-    with open(fd, "rb", closefd=True) as file:
-        return file.read()
 
 
 def _check_free(path: Path) -> None:
