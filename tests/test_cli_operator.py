@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
+import sessionlog
 from sessionlog.core import facts as F
 from test_cli import mid_crash
-from test_recovery import CURRENT, new_store, pending_tools
+from test_recovery import CURRENT, accept, attempt, new_store, pending_tools
 
 ESCAPES = "\x1b[2K\x1b[1A\r"  # erase the line, go up: hides what was printed before
 
@@ -62,3 +63,65 @@ def _current(tmp_path: Path) -> Path:
     current = tmp_path / "current.json"
     current.write_text(json.dumps(CURRENT))
     return current
+
+
+# -- exit 4 for a blocked plan, abort, the valid prefix, the NUL hint ---------------------------
+
+
+def test_a_blocked_plan_has_its_own_exit_status_and_abort_ends_the_run(cli: Any, tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    with new_store(path) as store:
+        attempt(store, accept(store))  # an open attempt: the retry needs the same configuration
+    changed = tmp_path / "changed.json"
+    changed.write_text(json.dumps({**CURRENT, "configurationDigest": "sha256:" + "9" * 64}))
+    run = cli("plan", path, "--current", changed)
+    assert run.code == 4 and "blocked: configuration_changed" in run.out and "abort" in run.out
+    assert cli("plan", path, "--current", changed, "--json").json()["type"] == "blocked"
+    assert cli("recover", path, "--current", changed).code == 4
+    run = cli("abort", path, "--current", changed)
+    assert run.code == 0, run.err
+    assert "abortRequested" in run.out and "finish aborted" in run.out
+    state = sessionlog.reduce_bytes(path.read_bytes())
+    assert state.is_idle
+    assert cli("abort", path, "--current", changed).code == 2  # idle: nothing to abort
+
+
+def test_abort_names_its_phases_in_its_help(cli: Any) -> None:
+    run = cli("abort", "--help")
+    assert run.code == 0 and all(phase in run.out for phase in ("model", "tool", "compact"))
+    run = cli("plan", "--help")
+    assert "definitionDigest" in run.out and "replayKey" in run.out  # --current documents its shape
+
+
+def test_inspect_shows_where_a_refused_log_stops_being_valid(cli: Any, tmp_path: Path) -> None:
+    path = mid_crash(tmp_path / "s.jsonl")
+    data = path.read_bytes()
+    starts = [0, *[index + 1 for index, byte in enumerate(data) if byte == 0x0A]]
+    path.write_bytes(data[: starts[4] + 1] + b"#" + data[starts[4] + 2 :])
+    run = cli("inspect", path)
+    assert run.code == 1
+    assert (
+        f"valid prefix is {starts[4]:,} bytes (lines 1-4, last seq 4)" in run.out
+        and "--quarantine" in run.out
+    )
+    as_json = cli("inspect", path, "--json").json()
+    assert as_json["validPrefix"] == {"bytes": starts[4], "lines": 4, "lastSeq": 4}
+
+
+def test_a_power_class_log_read_as_process_class_names_the_option(cli: Any, tmp_path: Path) -> None:
+    path = mid_crash(tmp_path / "s.jsonl")
+    good = path.read_bytes()
+    path.write_bytes(good + bytes(-len(good) % 512 or 512) + b"\n")  # a power loss's hole
+    run = cli("verify", path)
+    assert run.code == 1 and "--backend jsonl-fsync" in run.err and "power loss" in run.err
+    assert cli("verify", path, "--backend", "jsonl-fsync").code == 0
+
+
+def test_the_planner_validates_current_and_names_the_bad_key() -> None:
+    state = sessionlog.reduce_bytes(
+        sessionlog.encode_header(cwd="/", provider="p", model="m", environment_identity="e")
+    )
+    tool = {key: value for key, value in CURRENT["tools"][0].items() if key != "definitionDigest"}
+    with pytest.raises(sessionlog.ConfigurationError) as caught:
+        sessionlog.plan_recovery(state, {**CURRENT, "tools": [tool]})
+    assert caught.value.key == "tools[0].definitionDigest" and isinstance(caught.value, ValueError)

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 import sessionlog
-from sessionlog import cli as cli_module
+from sessionlog.cli import convert as convert_module
+from sessionlog.cli import sessions as sessions_module
 from test_cli import mid_crash, torn
 from test_recovery import CURRENT
 
@@ -55,13 +56,13 @@ def test_repair_reports_what_it_cut_under_the_lock_never_a_negative_count(
 ) -> None:
     path = torn(mid_crash(tmp_path / "s.jsonl"))
     stale = path.read_bytes()[:-10]  # what a read saw before the torn write grew the file
-    real = cli_module.read_session
+    real = sessions_module.read_session
 
     def stale_first(*args: Any) -> bytes:
-        monkeypatch.setattr(cli_module, "read_session", real)
+        monkeypatch.setattr(sessions_module, "read_session", real)
         return stale
 
-    monkeypatch.setattr(cli_module, "read_session", stale_first)
+    monkeypatch.setattr(sessions_module, "read_session", stale_first)
     size = path.stat().st_size
     run = cli("repair", path)
     assert run.code == 0, run.err
@@ -125,7 +126,7 @@ def test_a_failed_convert_leaves_no_copy_and_no_temporary(
     def broken(*args: Any) -> None:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(cli_module, "sync_file", broken)
+    monkeypatch.setattr(convert_module, "sync_file", broken)
     assert cli("convert", path, copy, "--to", "jsonl-fsync").code == 1
     assert sorted(item.name for item in tmp_path.iterdir()) == ["s.jsonl"]
     monkeypatch.undo()

@@ -94,7 +94,7 @@ def test_the_walk_through(tmp_path: Path) -> None:
     assert "[0] write call_write (replay never" in inspected.stdout
     assert "[1] read call_read (replay safe" in inspected.stdout
 
-    planned = cli("plan", "session.jsonl", "--current", "current.json", cwd=tmp_path)
+    planned = cli("plan", "session.jsonl", "--current", "current.json", "--json", cwd=tmp_path)
     assert planned.returncode == 0
     assert json.loads(planned.stdout)["results"][0]["reason"] == "interrupted"
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .core.canonical import canonical, configuration_digest, source_digest
 from .core.commit import encode_header
 from .core.errors import (
+    ConfigurationError,
     ContractError,
     CorruptionError,
     ReentrantCallError,
@@ -56,6 +57,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AsyncSessionStore",
     "BackendInfo",
+    "ConfigurationError",
     "ContractError",
     "CorruptionError",
     "ReentrantCallError",

@@ -121,6 +121,16 @@ class ValidationError(ContractError, ValueError):
         return f"{text}: {self.detail}" if self.detail else text
 
 
+class ConfigurationError(SessionLogError, ValueError):
+    """The current configuration given to the planner is malformed; `key` names the bad key
+    (`tools[2].definitionDigest`), `problem` says what is wrong with it."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        self.key = key
+        self.problem = problem
+        super().__init__(f"current configuration: {key} {problem}")
+
+
 class SessionLockedError(SessionLogError):
     """Another writer holds the session."""
 

@@ -8,12 +8,13 @@ environment is ever run again.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import orjson
 
-from .errors import shown
+from .errors import ConfigurationError, shown
 from .reducer import SYNTHETIC_CONTENT
 from .state import SessionState, copy_json
 
@@ -23,14 +24,46 @@ ABORT_ERROR = {"code": "aborted", "message": "Operation aborted"}
 MODEL_ERROR = {"code": "model_error", "message": "provider request failed"}
 
 
-def _check_current(current: Mapping[str, Any]) -> None:
+_CURRENT_KEYS = frozenset(("configurationDigest", "environmentIdentity", "tools"))
+_TOOL_KEYS = frozenset(("name", "definitionDigest", "replay", "replayKey"))
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}").fullmatch
+
+
+def check_current(current: Any) -> None:
+    """The current configuration's shape (`current-configuration.schema.json`), or
+    ConfigurationError naming the first bad key: the planner never plans from a malformed one."""
     if not isinstance(current, Mapping):
-        raise TypeError("current configuration must be a mapping")
-    for key in ("configurationDigest", "environmentIdentity", "tools"):
-        if key not in current:
-            raise ValueError(f"current configuration lacks {shown(key)}")
-    if not isinstance(current["tools"], list):
-        raise ValueError("current configuration 'tools' must be a list")
+        raise ConfigurationError("the configuration", f"is {shown(current)}, not an object")
+    for key in sorted(_CURRENT_KEYS - current.keys()):
+        raise ConfigurationError(key, "is missing")
+    for key in sorted(current.keys() - _CURRENT_KEYS, key=str):
+        raise ConfigurationError(shown(key), "is not a key of the current configuration")
+    if type(current["configurationDigest"]) is not str or not _DIGEST(current["configurationDigest"]):
+        raise ConfigurationError("configurationDigest", "is not sha256:<64 lowercase hex>")
+    if type(current["environmentIdentity"]) is not str or not current["environmentIdentity"]:
+        raise ConfigurationError("environmentIdentity", "is not a non-empty string")
+    if type(current["tools"]) is not list:
+        raise ConfigurationError("tools", "is not an array")
+    names: set[str] = set()
+    for index, tool in enumerate(current["tools"]):
+        where = f"tools[{index}]"
+        if not isinstance(tool, Mapping):
+            raise ConfigurationError(where, "is not an object")
+        for key in sorted(_TOOL_KEYS - tool.keys()):
+            raise ConfigurationError(f"{where}.{key}", "is missing")
+        for key in sorted(tool.keys() - _TOOL_KEYS, key=str):
+            raise ConfigurationError(f"{where}.{shown(key)}", "is not a key of a declared tool")
+        if type(tool["name"]) is not str or not tool["name"]:
+            raise ConfigurationError(f"{where}.name", "is not a non-empty string")
+        if tool["name"] in names:
+            raise ConfigurationError(f"{where}.name", f"{shown(tool['name'])} is declared twice")
+        names.add(tool["name"])
+        if type(tool["definitionDigest"]) is not str or not _DIGEST(tool["definitionDigest"]):
+            raise ConfigurationError(f"{where}.definitionDigest", "is not sha256:<64 lowercase hex>")
+        if tool["replay"] not in ("safe", "never"):
+            raise ConfigurationError(f"{where}.replay", f"is {shown(tool['replay'])}, not safe or never")
+        if type(tool["replayKey"]) is not str or not tool["replayKey"]:
+            raise ConfigurationError(f"{where}.replayKey", "is not a non-empty string")
 
 
 def _declared(current: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
@@ -67,7 +100,7 @@ def _parsed_arguments(text: str) -> dict[str, Any] | None:
 
 def plan_recovery(state: SessionState, current: Mapping[str, Any]) -> Plan:
     """The one next action for `state` under the `current` configuration."""
-    _check_current(current)
+    check_current(current)
     operation = state.operation
     if operation["kind"] == "idle":
         return {"type": "finish", "outcome": "completed", "completion": "normal"}

@@ -1,0 +1,135 @@
+"""Output of the command line: lines for people (escaped), JSON for programs, progress."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+PROG = "sessionlog"
+LARGE = 32 << 20  # bytes: from here on, work on a terminal shows progress
+
+
+def dumps(value: Any) -> str:
+    try:
+        return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
+    except TypeError:  # integers beyond 64 bits (tool arguments may hold them)
+        return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def out(text: str = "") -> None:
+    """A line for people: control and format characters (terminal escapes, bidi overrides) that
+    a model or a file put in a session are shown escaped, never executed by the terminal."""
+    sys.stdout.write(escaped(text) + "\n")
+
+
+def out_json(value: Any) -> None:
+    """JSON for programs (its encoder escapes what JSON must)."""
+    sys.stdout.write(dumps(value) + "\n")
+
+
+def escaped(text: str) -> str:
+    if text.isprintable():
+        return text
+    return "".join(
+        char
+        if char.isprintable() or char == "\n"
+        else f"\\x{ord(char):02x}"
+        if ord(char) < 0x100
+        else f"\\u{ord(char):04x}"
+        for char in text
+    )
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def say_error(command: str, message: str) -> None:
+    sys.stderr.write(f"{PROG} {command}: {escaped(one_line(message))}\n")
+
+
+def compact(value: Any) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+class Progress:
+    """Progress of a long operation on stderr: a rich bar when rich is installed, else plain
+    text. Shown with `--progress always`, or by default for large work on a terminal."""
+
+    def __init__(self, mode: str, label: str, total: int) -> None:
+        self.total = max(total, 1)
+        self.label = label
+        self._shown = -1
+        self._bar: Any = None
+        self._task: Any = None
+        self.enabled = mode == "always" or (mode == "auto" and total >= LARGE and sys.stderr.isatty())
+        if not self.enabled or not sys.stderr.isatty():  # plain lines into a pipe or a log file
+            return
+        try:
+            from rich.console import Console
+            from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+        except ImportError:
+            return
+        self._bar = Progress(
+            "{task.description}",
+            BarColumn(),
+            DownloadColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        self._bar.start()
+        self._task = self._bar.add_task(label, total=self.total)
+
+    def update(self, done: int) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done)
+            return
+        percent = done * 100 // self.total
+        step = 1 if sys.stderr.isatty() else 10
+        if percent // step != self._shown // step:
+            self._shown = percent
+            end = "\r" if sys.stderr.isatty() else "\n"
+            sys.stderr.write(f"{self.label}: {percent}%{end}")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.stop()
+        elif sys.stderr.isatty():
+            sys.stderr.write("\n")
+        self.enabled = False
+
+
+@contextlib.contextmanager
+def status(mode: str, label: str, size: int) -> Iterator[None]:
+    """An indicator for work that reports no fraction done (reducing a large log)."""
+    shown = mode == "always" or (mode == "auto" and size >= LARGE and sys.stderr.isatty())
+    if not shown:
+        yield
+        return
+    try:
+        if not sys.stderr.isatty():
+            raise ImportError("plain lines into a pipe or a log file")
+        from rich.console import Console
+    except ImportError:
+        started = time.monotonic()
+        sys.stderr.write(f"{label} ({size:,} bytes)...\n")
+        yield
+        sys.stderr.write(f"{label}: done in {time.monotonic() - started:.1f} s\n")
+        return
+    with Console(stderr=True).status(f"{label} ({size:,} bytes)"):
+        yield

@@ -1,0 +1,155 @@
+"""`plan`, `recover` and `abort`: the recovery planner, run from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .. import opening
+from ..core import facts as build
+from ..core.commit import CommitPipeline
+from ..core.errors import (
+    ValidationError,
+)
+from ..core.planner import plan_recovery
+from ..core.state import SessionState
+from ..core.store import reduce_stored
+from ..plugins.registry import Registry
+from ..recovery import Plan, recover, recover_async
+from .describe import describe_plan, seqs_text
+from .output import PROG, out, out_json, say_error
+from .sessions import (
+    UsageError,
+    load_current,
+    load_session,
+    read_rule,
+    read_session,
+)
+
+
+class MemoryStore:
+    """A session's bytes in memory that commits like a store and writes nowhere (--dry-run)."""
+
+    def __init__(self, data: bytes, path: str, *, power: dict[str, Any]) -> None:
+        self._pipeline: CommitPipeline = reduce_stored(data, Path(path), **power)[0]
+
+    def commit(self, facts: Any) -> list[dict[str, Any]]:
+        prepared = self._pipeline.prepare(facts)
+        self._pipeline.acknowledge(prepared)
+        return prepared.facts
+
+    def load(self) -> SessionState:
+        return self._pipeline.state()
+
+
+EXIT_BLOCKED = 4  # recovery is blocked: a person decides (`abort` ends the run)
+
+
+def cmd_plan(args: argparse.Namespace, registry: Registry) -> int:
+    current = load_current(args.current)
+    state = load_session(args.file, args.backend, registry, args.progress)[1]
+    plan = plan_recovery(state, current)
+    if args.json:
+        out_json(plan)
+    else:
+        out(f"{args.file}: {describe_plan(plan, idle=state.is_idle)}")
+        if plan["type"] == "blocked":
+            out(f"recovery cannot go on by itself; to end the run: {PROG} abort {args.file} --current ...")
+    return EXIT_BLOCKED if plan["type"] == "blocked" else 0
+
+
+AbortFacts = Callable[[SessionState], list[dict[str, Any]]]
+
+
+def _recover(
+    args: argparse.Namespace,
+    registry: Registry,
+    current: dict[str, Any],
+    on_commit: Callable[[Plan, list[dict[str, Any]]], None],
+    first: AbortFacts | None = None,
+) -> tuple[Plan, bool]:
+    """Open the session for writing (under its lock; in memory with --dry-run), commit `first`'s
+    facts if any, then every recovery step that needs no effect. Returns the plan left and
+    whether the session is then idle."""
+    if getattr(args, "dry_run", False):
+        data = read_session(args.file, args.backend, registry)
+        memory = MemoryStore(data, args.file, power=read_rule(registry, args.backend))
+        if first is not None:
+            on_commit({"type": "abort"}, memory.commit(first(memory.load())))
+        return recover(memory, current, on_commit=on_commit), memory.load().is_idle
+    if registry.info(args.backend).api == "sync":
+        with opening.open(args.file, args.backend, registry=registry) as store:
+            if first is not None:
+                on_commit({"type": "abort"}, store.commit(first(store.load())))
+            return recover(store, current, on_commit=on_commit), store.load().is_idle
+
+    async def in_loop() -> tuple[Plan, bool]:
+        async with await opening.open_async(args.file, args.backend, registry=registry) as store:
+            if first is not None:
+                on_commit({"type": "abort"}, await store.commit(first(await store.load())))
+            left = await recover_async(store, current, on_commit=on_commit)
+            return left, (await store.load()).is_idle
+
+    return asyncio.run(in_loop())
+
+
+def _run_recovery(args: argparse.Namespace, registry: Registry, first: AbortFacts | None = None) -> int:
+    current = load_current(args.current)
+    done: list[dict[str, Any]] = []
+    verb = "would commit" if getattr(args, "dry_run", False) else "committed"
+
+    def on_commit(plan: Plan, committed: list[dict[str, Any]]) -> None:
+        done.append({"plan": plan, "facts": committed})
+        if not args.json:
+            what = "abortRequested" if plan["type"] == "abort" else describe_plan(plan)
+            out(f"{verb} {seqs_text(committed)}: {what}")
+
+    try:
+        plan, idle = _recover(args, registry, current, on_commit, first)
+    except ValidationError as error:
+        say_error(
+            args.command,
+            f"{args.file}: line {error.line}: the reducer refused the transaction recovery planned, "
+            f"nothing of it was written ({len(done)} earlier ones were): {error}",
+        )
+        return 1
+    if args.json:
+        out_json({"dryRun": getattr(args, "dry_run", False), "committed": done, "plan": plan})
+    else:
+        if not done:
+            out(f"{verb} nothing")
+        out(f"plan left: {describe_plan(plan, idle=idle)}")
+        out_json(plan)
+    return EXIT_BLOCKED if plan["type"] == "blocked" else 0
+
+
+def cmd_recover(args: argparse.Namespace, registry: Registry) -> int:
+    return _run_recovery(args, registry)
+
+
+def cmd_abort(args: argparse.Namespace, registry: Registry) -> int:
+    def abort_facts(state: SessionState) -> list[dict[str, Any]]:
+        operation = state.operation
+        if operation["kind"] == "idle":
+            raise UsageError(f"{args.file}: nothing to abort: the session is idle")
+        if operation["abortRequested"]:
+            return []  # asked before: recovery finishes it
+        pending = state.pending_tools
+        phase = args.phase or (
+            "compact" if operation["kind"] == "compaction" else "tool" if pending else "model"
+        )
+        if phase == "tool" and not pending:
+            raise UsageError(f"{args.file}: --phase tool, but no tool intent is pending (use model)")
+        return [
+            build.abort_requested(
+                operation["operationId"],
+                operation["kind"],
+                phase,
+                tool_call_id=pending[0]["toolCallId"] if phase == "tool" else None,
+            )
+        ]
+
+    return _run_recovery(args, registry, lambda state: abort_facts(state) or [])

@@ -1,0 +1,162 @@
+"""Reading a session for the command line: read-only, as a store of its backend reads it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from ..backends.jsonl_file import read_session_file
+from ..core.errors import (
+    ConfigurationError,
+    CorruptionError,
+    SessionLogError,
+    SessionPathError,
+)
+from ..core.framing import NUL_WINDOW, lines, parse_line
+from ..core.loading import reduce_bytes
+from ..core.planner import check_current
+from ..core.state import SessionState
+from ..plugins.registry import Registry
+from .output import Progress, status
+
+CURRENT_LIMIT = 16 << 20  # bytes: a current configuration is a few kilobytes
+
+
+class UsageError(Exception):
+    """Bad input from the command line (exit 2)."""
+
+
+class Mismatch(SessionLogError):
+    """A converted session does not reduce to the state of its source (exit 1)."""
+
+
+def read_session(path: str, backend: str, registry: Registry) -> bytes:
+    """The stored bytes of a session, read-only: the file itself for the built-in file backends,
+    otherwise the backend's own read path (opened, read, closed; never truncated)."""
+    info = registry.info(backend)
+    if info.plain_file:  # the session is the file: read it directly, without opening a writer
+        return read_session_file(path)
+    factory = registry.factory(backend)
+    if info.api == "sync":
+        opened = factory(Path(path), create=None)
+        try:
+            return bytes(opened.read())
+        finally:
+            opened.close()
+
+    async def read_async() -> bytes:
+        opened = await factory(Path(path), create=None)
+        try:
+            return bytes(await opened.read())
+        finally:
+            await opened.close()
+
+    return asyncio.run(read_async())
+
+
+def read_rule(registry: Registry, backend: str) -> dict[str, Any]:
+    """How the backend reads its log: in the power class a NUL-bearing last write is torn."""
+    return registry.info(backend).nul_rule()
+
+
+def reduce_session(path: str, data: bytes, mode: str, power: dict[str, Any]) -> SessionState:
+    """As the store reads it: in the power class a hole-shaped NUL run in the last write is torn,
+    not corrupt. Read as a process-class log, a log that a power-class one would open is refused
+    with a hint naming the option."""
+    with status(mode, f"reducing {path}", len(data)):
+        try:
+            return reduce_bytes(data, path=path, **power)
+        except CorruptionError as error:
+            if power.get("nul_tail") or not _power_class_would_open(data):
+                raise
+            raise CorruptionError(
+                error.code,
+                error.line,
+                error.seq,
+                f"{error.detail}; NUL bytes there are what a power loss leaves in a power-class log: if "
+                "jsonl-fsync or jsonl-group wrote it, read it with --backend jsonl-fsync (or jsonl-group)",
+                offset=error.offset,
+                path=error.path,
+            ) from None
+
+
+def _power_class_would_open(data: bytes) -> bool:
+    try:
+        reduce_bytes(data, nul_tail=True, nul_window=NUL_WINDOW)
+    except CorruptionError:
+        return False
+    return True
+
+
+def load_session(path: str, backend: str, registry: Registry, mode: str) -> tuple[bytes, SessionState]:
+    """The stored bytes of a session and their state, read-only, as a store of `backend` reads them."""
+    data = read_session(path, backend, registry)
+    return data, reduce_session(path, data, mode, read_rule(registry, backend))
+
+
+def count_lines(data: bytes, end: int, mode: str, path: str) -> dict[str, Any]:
+    """What the committed lines hold, by kind, entry role and record type (of a reduced log)."""
+    kinds: Counter[str] = Counter()
+    entries: Counter[str] = Counter()
+    records: Counter[str] = Counter()
+    progress = Progress(mode, f"counting {path}", end)
+    numbered = lines(data, end)
+    next(numbered)  # the header
+    transactions = 0
+    try:
+        for number, offset, raw in numbered:
+            transactions += 1
+            value = parse_line(raw, number, offset)
+            for fact in value if type(value) is list else [value]:
+                kind = fact["kind"]
+                kinds[kind] += 1
+                if kind == "entry":
+                    entry = fact["entry"]
+                    entries[entry["message"]["role"] if entry["type"] == "message" else "compaction"] += 1
+                elif kind == "record":
+                    records[fact["record"]["type"]] += 1
+            if not number & 0xFFF:
+                progress.update(offset)
+    finally:
+        progress.close()
+    return {
+        "lines": transactions + 1,
+        "transactions": transactions,
+        "facts": sum(kinds.values()),
+        "entries": kinds["entry"],
+        "records": kinds["record"],
+        "usage": kinds["usage"],
+        "entryKinds": dict(sorted(entries.items())),
+        "recordTypes": dict(sorted(records.items())),
+    }
+
+
+def load_current(path: str) -> dict[str, Any]:
+    """The current-configuration JSON file the planner needs, checked by the planner's own
+    validator (`core.planner.check_current`), which names the bad key."""
+    try:
+        text = read_session_file(path, limit=CURRENT_LIMIT).decode("utf-8")
+    except SessionPathError as error:
+        raise UsageError(f"--current {path}: cannot read it: {error.strerror}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"--current {path}: cannot read it: {error}") from None
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise UsageError(f"--current {path}: not JSON: {error}") from None
+    try:
+        check_current(value)
+    except ConfigurationError as error:
+        raise UsageError(f"--current {path}: not a current configuration: {error}") from None
+    return value  # type: ignore[no-any-return]
+
+
+CURRENT_HELP = (
+    'the current configuration, a JSON file: {"configurationDigest": "sha256:...", '
+    '"environmentIdentity": "...", "tools": [{"name": ..., "definitionDigest": "sha256:...", '
+    '"replay": "safe" or "never", "replayKey": ...}, ...]} (the contract\'s '
+    "current-configuration.schema.json)"
+)
