@@ -152,7 +152,8 @@ class Messages(Sequence[dict[str, Any]]):
 
 
 class SessionState:
-    """The reduced state of a session at one seq. Every accessor returns fresh copies."""
+    """The reduced state of a session at one seq. Every accessor returns copies (the message
+    views copy each message as it is read): nothing a caller does changes the session."""
 
     __slots__ = (
         "_active",
