@@ -278,15 +278,20 @@ def test_the_pytest_plugin_is_opt_in(tmp_path: Path) -> None:
             """
         )
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-        cwd=tmp_path,
+    done = _pytest_in(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _pytest_in(folder: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
+    """A pytest run of its own in `folder`, as another project would run it."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *arguments],
+        cwd=folder,
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_import_sessionlog_loads_no_asyncio() -> None:
@@ -308,14 +313,7 @@ def test_a_third_party_runs_the_suite_with_one_line(tmp_path: Path) -> None:
             """
         )
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-k", "torn_tail or shared"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = _pytest_in(tmp_path, "-rs", "-k", "torn_tail or shared")
     assert done.returncode == 0, done.stdout + done.stderr
     assert " passed" in done.stdout and "failed" not in done.stdout
     assert "no fixture_dir set on the contract class" in done.stdout  # a skip with its reason
