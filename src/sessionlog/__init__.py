@@ -40,9 +40,12 @@ from .recovery import (
     start_step_facts,
     start_tool_facts,
 )
+from .runtime import Attempt, Run, RuntimeStateError, Session, ToolCall
+from .tools import Configuration, Tool, Tools
 
 if TYPE_CHECKING:
     from .core.async_store import AsyncSessionStore
+    from .runtime_async import AsyncAttempt, AsyncRun, AsyncSession, AsyncToolCall
 
 
 def __getattr__(name: str) -> Any:
@@ -51,16 +54,29 @@ def __getattr__(name: str) -> Any:
         from .core.async_store import AsyncSessionStore
 
         return AsyncSessionStore
+    if name in ("AsyncSession", "AsyncRun", "AsyncAttempt", "AsyncToolCall"):
+        from . import runtime_async
+
+        return getattr(runtime_async, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
+    "AsyncAttempt",
+    "AsyncRun",
+    "AsyncSession",
     "AsyncSessionStore",
+    "AsyncToolCall",
+    "Attempt",
     "BackendInfo",
+    "Configuration",
     "ConfigurationError",
     "ContractError",
     "CorruptionError",
     "ReentrantCallError",
+    "Run",
+    "RuntimeStateError",
+    "Session",
     "SessionChangedError",
     "SessionExistsError",
     "SessionLockedError",
@@ -72,7 +88,10 @@ __all__ = [
     "StoreClosedError",
     "StoreForkedError",
     "StorePoisonedError",
+    "Tool",
+    "ToolCall",
     "ToolStart",
+    "Tools",
     "UnknownBackendError",
     "Usage",
     "ValidationError",

@@ -57,6 +57,7 @@ __all__ = [
     "ToolStart",
     "facts_for_plan",
     "needs_caller",
+    "new_intent",
     "recover",
     "recover_async",
     "start_step_facts",
@@ -184,7 +185,7 @@ def start_tool_facts(state: SessionState, plan: Mapping[str, Any], current: Mapp
     with its persisted arguments and settled by `ToolStart.result` under its reserved id."""
     if plan["type"] != "startTool":
         raise ValueError(f"not a startTool plan: {plan['type']}")
-    operation = _running(state)
+    _running(state)  # an idle session has nothing to start
     if plan["mode"] == "replay":
         tool = _pending(state, plan["toolStartedId"])
         if tool["toolIndex"] != plan["toolIndex"] or tool["toolName"] != plan["toolName"]:
@@ -196,15 +197,28 @@ def start_tool_facts(state: SessionState, plan: Mapping[str, Any], current: Mapp
     declaration = _declared(current, plan["toolName"])
     if declaration is None:
         raise ValueError(f"tool {plan['toolName']!r} is not declared in the current configuration")
-    step = state.step
-    assert step is not None  # a settled entry implies a step
+    return new_intent(state, plan["toolIndex"], call, plan["arguments"], declaration, current)
+
+
+def new_intent(
+    state: SessionState,
+    index: int,
+    call: Mapping[str, Any],
+    arguments: Mapping[str, Any],
+    declaration: Mapping[str, Any],
+    current: Mapping[str, Any],
+) -> ToolStart:
+    """The `toolStarted` intent for call `index` of the settled assistant entry, with its
+    declaration's `replay` and `replayKey` and the current environment identity."""
+    operation, step = _running(state), state.step
+    assert step is not None and state.settled_entry_id is not None  # a settled entry implies a step
     fact = build.tool_started(
         operation["operationId"],
         step["stepId"],
-        plan["assistantEntryId"],
-        plan["toolIndex"],
+        state.settled_entry_id,
+        index,
         call,
-        plan["arguments"],
+        arguments,
         replay=declaration["replay"],
         replay_key=declaration["replayKey"],
         environment_identity=current["environmentIdentity"],

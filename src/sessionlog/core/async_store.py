@@ -185,6 +185,11 @@ class AsyncSessionStore(StoreStatus):
         # Cancelling the caller cancels only this future; the writer still lands the line.
         return await future
 
+    @property
+    def header(self) -> dict[str, Any]:
+        """The session's header (id, createdAt, cwd, provider, model, environmentIdentity)."""
+        return dict(self._pipeline.reducer.header)
+
     async def load(self) -> SessionState:
         """The acknowledged state: every commit whose await returned (or could have), nothing
         still queued. Reads no file."""

@@ -479,8 +479,14 @@ def operation_finished(reducer: Reducer, record: dict[str, Any], line: int, seq:
         raise fail("INVALID_FACT", line, seq, "error is only for a failed operation")
     if reducer._undo is not None:
         reducer._restore(found, "finished")
+        reducer._restore(reducer, "last_finished")
     found.finished = True
     reducer.current = None
+    reducer.last_finished = {
+        key: value
+        for key, value in record.items()
+        if key in ("operationId", "operationKind", "outcome", "completion", "finalEntryId", "error")
+    }
 
 
 def check_completion(reducer: Reducer, record: dict[str, Any], found: Operation, line: int, seq: int) -> None:

@@ -78,6 +78,7 @@ class Reducer(Journal):
         self.tools: dict[str, dict[str, Any]] = {}  # toolStarted id -> tool state
         self.outcomes: set[tuple[str, int]] = set()  # (assistant entry id, toolIndex) with an outcome
         self.current: Operation | None = None
+        self.last_finished: dict[str, Any] | None = None  # the operationFinished record, less its type
         self.last_timestamp = 0  # the largest fact timestamp so far
         self._digests: dict[tuple[Any, ...], Snapshot] = {}
         self._snapshots: dict[bytes, Snapshot] = {}

@@ -162,6 +162,7 @@ class SessionState:
         "_calls",
         "_header",
         "_intents",
+        "_last_finished",
         "_last_seq",
         "_operation",
         "_outcomes",
@@ -182,6 +183,7 @@ class SessionState:
         self._operation = _operation(reducer.current)
         current = reducer.current
         self._intents = _ToolCalls(current) if current is not None and current.kind == "run" else None
+        self._last_finished = reducer.last_finished  # replaced, never changed in place
         self._repaired_length = repaired_length
         self._last_seq = reducer.next_seq - 1
         self._boundary = reducer.boundary
@@ -272,6 +274,13 @@ class SessionState:
         if self._intents is not None:
             public["toolCalls"] = self._intents.public()
         return public
+
+    @property
+    def last_finished(self) -> dict[str, Any] | None:
+        """How the last finished run or compaction ended: its `operationFinished` record (less
+        `type`): `operationId`, `operationKind`, `outcome` (`completed`, `aborted`, `failed`) and
+        `completion`, `finalEntryId` or `error` as recorded. None before any finished."""
+        return None if self._last_finished is None else copy_json(self._last_finished)
 
     @property
     def current_operation(self) -> dict[str, Any] | None:

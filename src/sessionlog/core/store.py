@@ -234,6 +234,11 @@ class SessionStore(StoreStatus):
         self._pipeline.acknowledge(prepared)
         return prepared.facts
 
+    @property
+    def header(self) -> dict[str, Any]:
+        """The session's header (id, createdAt, cwd, provider, model, environmentIdentity)."""
+        return dict(self._pipeline.reducer.header)
+
     def load(self) -> SessionState:
         """The state of everything committed so far."""
         with self._call():

@@ -1,0 +1,374 @@
+"""The durable agent loop as an API: intent before effect by construction.
+
+    session = sessionlog.Session(store, tools=[read, bash], model="provider/model")
+    run = session.resume() or session.start(prompt)      # recovery first, then the new prompt
+    while run.needs_model:
+        attempt = run.attempt()                          # durable before the request is sent
+        reply = call_model(list(session.state.active_context))
+        attempt.settle(reply.content, reply.tool_calls, usage=reply.usage)
+        for call in run.start_tools():                   # every intent of the step, one transaction
+            call.run()                                   # the tool, then its result, in order
+    run.finish()
+
+Every fact is committed before the effect it describes: the prompt with its run (one
+transaction), the attempt before the model request, the answer with its usage, **all** intents
+of a step (in the model's order, one transaction) before the first tool runs, each result after
+its tool. `Session.resume` applies the recovery plan until the caller is needed: it settles what
+needs no effect, runs declared-safe reads again, settles the rest as *interrupted* (a `never`
+tool is never run twice), and returns the run whose next step is a model call, or None when
+there is nothing to resume. A `blocked` plan (the configuration changed under an open step, or
+attempt 2's answer is unknown) is for a person: `run.blocked` says why, `run.abort()` ends it.
+
+The declarations (`sessionlog.tools`) make both the attempt's configuration snapshot and the
+planner's current configuration, so they cannot disagree. `AsyncSession` (in `runtime_async`)
+is the same over an async store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from .core import facts as build
+from .core.planner import plan_recovery
+from .core.state import SessionState
+from .recovery import Store, ToolStart, facts_for_plan, new_intent, recover, start_step_facts
+from .tools import Configuration, Tool, Tools
+
+Fact = dict[str, Any]
+ToolCallInput = Mapping[str, Any]
+"""A tool call as a model returns it: `{"id", "name", "arguments"}` (arguments a JSON object or
+its text), or already in the contract's form `{"id", "type": "function", "function": {...}}`."""
+
+
+class RuntimeStateError(RuntimeError):
+    """The runtime was asked for a step the session is not at (e.g. an attempt while tools of
+    the settled step have no result)."""
+
+
+# -- what the sync and async runtimes share: state to facts ------------------------------------
+
+
+def declarations(tools: Tools | Iterable[Tool]) -> Tools:
+    return tools if isinstance(tools, Tools) else Tools(tools)
+
+
+def contract_calls(tool_calls: Sequence[ToolCallInput]) -> list[dict[str, Any]]:
+    """Tool calls in the contract's form, in the model's order."""
+    calls = []
+    for call in tool_calls:
+        if "function" in call:
+            calls.append(dict(call))
+            continue
+        arguments = call.get("arguments", {})
+        text = arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()
+        calls.append(build.tool_call(call["id"], call["name"], text))
+    return calls
+
+
+def settle_facts(
+    state: SessionState,
+    attempt: Mapping[str, Any],
+    content: str | None,
+    tool_calls: Sequence[ToolCallInput],
+    usage: Mapping[str, int] | None,
+    stop_reason: str | None,
+) -> list[Fact]:
+    """The model's answer and its usage: one transaction."""
+    entry = build.assistant_message(
+        attempt["stepId"],
+        attempt["attemptId"],
+        content,
+        tool_calls=contract_calls(tool_calls),
+        stop_reason=stop_reason,
+    )
+    facts = [entry]
+    if usage is not None:
+        facts.append(build.usage(attempt["operationId"], usage, attempt_id=attempt["attemptId"]))
+    return facts
+
+
+def tool_facts(
+    state: SessionState, tools: Tools, current: Mapping[str, Any]
+) -> tuple[list[Fact], list[ToolStart]]:
+    """Every call of the settled step that has no outcome yet, in the model's order: an intent
+    for each one that can run, a pre-execution synthetic result for an unknown tool or
+    arguments that are not a JSON object. One transaction: no tool runs before all are durable."""
+    if state.settled_entry_id is None or state.step is None:
+        raise RuntimeStateError("no settled model answer to start tools for")
+    facts: list[Fact] = []
+    starts: list[ToolStart] = []
+    declared = {tool["name"]: tool for tool in current["tools"]}
+    for index, call in enumerate(state.settled_calls):
+        if state.has_outcome(index):
+            continue
+        name = call["function"]["name"]
+        arguments = _object(call["function"]["arguments"])
+        reason = "unknownTool" if name not in tools or name not in declared else None
+        if reason is None and arguments is None:
+            reason = "invalidArguments"
+        if reason is not None:
+            facts.append(
+                build.pre_execution_result(state.step["stepId"], state.settled_entry_id, index, call, reason)
+            )
+            continue
+        start = new_intent(state, index, call, arguments or {}, declared[name], current)
+        facts.extend(start.facts)
+        starts.append(start)
+    return facts, starts
+
+
+def _object(text: Any) -> dict[str, Any] | None:
+    try:
+        value = orjson.loads(text)
+    except (orjson.JSONDecodeError, TypeError):
+        return None
+    return value if type(value) is dict else None
+
+
+def attempt_facts(state: SessionState, configuration: Configuration) -> list[Fact]:
+    plan = plan_recovery(state, configuration.current)
+    if plan["type"] != "startStep":
+        raise RuntimeStateError(f"the run's next step is {plan['type']}, not a model attempt: {plan}")
+    return start_step_facts(state, plan, configuration.snapshot if plan["attempt"] == 1 else None)
+
+
+def finish_facts(state: SessionState, configuration: Configuration) -> list[Fact]:
+    plan = plan_recovery(state, configuration.current)
+    if plan["type"] != "finish" or state.is_idle:
+        raise RuntimeStateError(f"the run cannot finish yet: its next step is {plan['type']}")
+    return facts_for_plan(state, plan, configuration.current)
+
+
+def abort_facts(state: SessionState) -> list[Fact]:
+    operation = state.current_operation
+    if operation is None:
+        raise RuntimeStateError("nothing to abort: the session is idle")
+    if operation["abortRequested"]:
+        return []
+    pending = state.pending_tools
+    phase = "compact" if operation["kind"] == "compaction" else "tool" if pending else "model"
+    return [
+        build.abort_requested(
+            operation["operationId"],
+            operation["kind"],
+            phase,
+            tool_call_id=pending[0]["toolCallId"] if phase == "tool" else None,
+        )
+    ]
+
+
+def needs_model(state: SessionState, configuration: Configuration) -> bool:
+    return not state.is_idle and plan_recovery(state, configuration.current)["type"] == "startStep"
+
+
+def blocked(state: SessionState, configuration: Configuration) -> Mapping[str, Any] | None:
+    plan = plan_recovery(state, configuration.current)
+    return plan if plan["type"] == "blocked" else None
+
+
+def result_facts(start: ToolStart, output: str, ok: bool, usage: Mapping[str, int] | None) -> list[Fact]:
+    """A tool's result under its intent's reserved id, and its usage: one transaction."""
+    facts = [start.result(output, ok=ok)]
+    if usage is not None:
+        facts.append(build.usage(start.intent["operationId"], usage, tool_started_id=start.tool_started_id))
+    return facts
+
+
+def failure_text(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+# -- the sync runtime --------------------------------------------------------------------------
+
+
+class Session:
+    """An agent session over a sync store (`sessionlog.open` / `create`, any backend): see the
+    module docstring. `model` names the model; `system_prompt`, `adapter`, `routing` and
+    `output_options` complete the configuration snapshot each attempt records; `environment`
+    is the environment identity (default: the session header's)."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        tools: Tools | Iterable[Tool],
+        model: str,
+        system_prompt: str = "",
+        adapter: str = "sessionlog",
+        routing: str = "default",
+        output_options: Mapping[str, Any] | None = None,
+        environment: str | None = None,
+    ) -> None:
+        self.store = store
+        self.tools = declarations(tools)
+        self.configuration = Configuration.of(
+            self.tools,
+            model=model,
+            environment=environment or store.load().header["environmentIdentity"],
+            system_prompt=system_prompt,
+            adapter=adapter,
+            routing=routing,
+            output_options=output_options,
+        )
+
+    @property
+    def state(self) -> SessionState:
+        return self.store.load()
+
+    def start(self, prompt: str) -> Run:
+        """Accept a prompt: its user entry and the run that answers it, in one transaction."""
+        if not self.state.is_idle:
+            raise RuntimeStateError("a run is in progress: resume() or finish it first")
+        _, run = self.store.commit(build.accept_prompt(prompt))
+        return Run(self, run["record"]["operationId"])
+
+    def resume(self) -> Run | None:
+        """Recover an interrupted run up to where the caller is needed; None when the session is
+        idle. Safe reads with an unknown result are run again through their declared tool."""
+        current = self.configuration.current
+        while True:
+            plan = recover(self.store, current)
+            state = self.store.load()
+            if state.is_idle:
+                return None
+            if plan["type"] != "startTool":
+                return Run(self, state.operation["operationId"])
+            if plan["mode"] == "replay":
+                ToolCall(self, replay_start(state, plan)).run()
+            else:
+                for call in Run(self, state.operation["operationId"]).start_tools():
+                    call.run()
+
+
+def replay_start(state: SessionState, plan: Mapping[str, Any]) -> ToolStart:
+    """How to carry out a `startTool` replay: the pending intent it names, run again."""
+    for tool in state.pending_tools:
+        if tool["toolStartedId"] == plan["toolStartedId"]:
+            return ToolStart("replay", [], tool)
+    raise RuntimeStateError(f"no pending intent {plan['toolStartedId']}")  # pragma: no cover
+
+
+class Run:
+    """The run in progress (one accepted prompt)."""
+
+    def __init__(self, session: Session, operation_id: str) -> None:
+        self.session = session
+        self.operation_id = operation_id
+
+    def __repr__(self) -> str:
+        return f"<Run {self.operation_id}>"
+
+    @property
+    def needs_model(self) -> bool:
+        """Whether the next step is a model request (`attempt()`); False once the model answered
+        without tool calls (`finish()`), or when the run is blocked or over."""
+        return needs_model(self.session.state, self.session.configuration)
+
+    @property
+    def blocked(self) -> Mapping[str, Any] | None:
+        """The `blocked` plan when recovery needs a person (`abort()` ends the run), else None."""
+        return blocked(self.session.state, self.session.configuration)
+
+    def attempt(self) -> Attempt:
+        """Record the model attempt (attempt 2 of the same step after a crash) before the request."""
+        (fact,) = self.session.store.commit(attempt_facts(self.session.state, self.session.configuration))
+        return Attempt(self, fact["record"])
+
+    def start_tools(self) -> list[ToolCall]:
+        """Every intent of the settled step, in the model's order, in one transaction, before any
+        tool runs; run them in that order (`ToolCall.run`, or `finish` with your own output)."""
+        facts, starts = tool_facts(self.session.state, self.session.tools, self.session.configuration.current)
+        if facts:
+            self.session.store.commit(facts)
+        return [ToolCall(self.session, start) for start in starts]
+
+    def finish(self) -> dict[str, Any]:
+        """End the run as the planner says (completed, normal or truncated); its outcome."""
+        self.session.store.commit(finish_facts(self.session.state, self.session.configuration))
+        return self.session.state.last_finished or {}
+
+    def abort(self) -> dict[str, Any]:
+        """End the run as aborted: `abortRequested`, then the synthetic results and the finish
+        recovery plans from it. Its outcome."""
+        facts = abort_facts(self.session.state)
+        if facts:
+            self.session.store.commit(facts)
+        recover(self.session.store, self.session.configuration.current)
+        return self.session.state.last_finished or {}
+
+
+class Attempt:
+    """A model attempt, durable before its request was sent."""
+
+    def __init__(self, run: Run, record: Mapping[str, Any]) -> None:
+        self.run = run
+        self.record = dict(record)
+
+    @property
+    def number(self) -> int:
+        return int(self.record["attempt"])
+
+    def settle(
+        self,
+        content: str | None,
+        tool_calls: Sequence[ToolCallInput] = (),
+        *,
+        usage: Mapping[str, int] | None = None,
+        stop_reason: str | None = None,
+    ) -> None:
+        """The model's answer (and its usage) in one transaction."""
+        store = self.run.session.store
+        store.commit(settle_facts(store.load(), self.record, content, tool_calls, usage, stop_reason))
+
+    def fail(self, code: str, message: str) -> None:
+        """The request failed (the planner then retries once, or fails the run)."""
+        record = self.record
+        self.run.session.store.commit(
+            [build.step_failed(record["operationId"], record["stepId"], record["attemptId"], code, message)]
+        )
+
+
+class ToolCall:
+    """A started tool call: its intent is durable; run it, then record its result."""
+
+    def __init__(self, session: Session, start: ToolStart) -> None:
+        self.session = session
+        self.start = start
+
+    def __repr__(self) -> str:
+        return f"<ToolCall {self.name} #{self.index}>"
+
+    @property
+    def name(self) -> str:
+        return self.start.tool_name
+
+    @property
+    def index(self) -> int:
+        return int(self.start.intent["toolIndex"])
+
+    @property
+    def arguments(self) -> dict[str, Any]:
+        return self.start.arguments
+
+    def run(self) -> str:
+        """Run the declared tool and record its output (an exception is recorded as an error
+        result, then raised again if it is not an `Exception`)."""
+        try:
+            output = self.session.tools[self.name].run(self.arguments)
+        except Exception as error:
+            self.fail(failure_text(error))
+            return failure_text(error)
+        if not isinstance(output, str):
+            raise TypeError(f"tool {self.name!r} returned {type(output).__name__}, not text")
+        self.finish(output)
+        return output
+
+    def finish(self, output: str, *, ok: bool = True, usage: Mapping[str, int] | None = None) -> None:
+        """Record the tool's output (and its usage) in one transaction."""
+        self.session.store.commit(result_facts(self.start, output, ok, usage))
+
+    def fail(self, message: str) -> None:
+        self.finish(message, ok=False)

@@ -1,0 +1,131 @@
+"""Tools declared once: what the model sees, how a tool runs, and whether recovery may run it again.
+
+A `Tool` is the one place a tool is declared. `Tools` turns the declarations into both things
+the log needs, so that they can never disagree: the `tools` of every attempt's configuration
+snapshot (name and definition digest) and the planner's current configuration (the same, plus
+`replay` and `replayKey`). A tool declared `safe` is a read: recovery may run it again for an
+intent whose result is unknown. Every other tool is `never`: its result is settled as
+*interrupted*, and it is never run twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .core.canonical import canonical, configuration_digest, digest
+
+Replay = Literal["safe", "never"]
+ToolFunction = Callable[[dict[str, Any]], "str | Awaitable[str]"]
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One tool: `run(arguments) -> output text` (a coroutine function for the async runtime),
+    the definition the model sees (`description`, JSON-schema `parameters`), and its replay
+    policy. `replay_key` names what a replay must match (default: the name and the definition's
+    digest, so that changing the tool blocks the replay of an old intent)."""
+
+    name: str
+    run: ToolFunction
+    description: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object"})
+    replay: Replay = "never"
+    replay_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if type(self.name) is not str or not self.name:
+            raise ValueError(f"a tool's name is a non-empty string, not {self.name!r}")
+        if self.replay not in ("safe", "never"):
+            raise ValueError(f"tool {self.name!r}: replay is 'safe' or 'never', not {self.replay!r}")
+        if not callable(self.run):
+            raise TypeError(f"tool {self.name!r}: run must be callable")
+
+    @property
+    def definition(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "parameters": dict(self.parameters)}
+
+    @property
+    def definition_digest(self) -> str:
+        return digest(canonical(self.definition))
+
+    @property
+    def key(self) -> str:
+        return self.replay_key or f"{self.name}:{self.definition_digest[7:19]}"
+
+
+class Tools(Mapping[str, Tool]):
+    """The declared tools by name, in declaration order."""
+
+    def __init__(self, tools: Iterable[Tool]) -> None:
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            if not isinstance(tool, Tool):
+                raise TypeError(f"Tools takes Tool declarations, not {type(tool).__name__}")
+            if tool.name in self._tools:
+                raise ValueError(f"tool {tool.name!r} is declared twice")
+            self._tools[tool.name] = tool
+
+    def __getitem__(self, name: str) -> Tool:
+        return self._tools[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tools)
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def snapshot_tools(self) -> list[dict[str, str]]:
+        """The `tools` of a configuration snapshot."""
+        return [
+            {"name": tool.name, "definitionDigest": tool.definition_digest} for tool in self._tools.values()
+        ]
+
+    def current_tools(self) -> list[dict[str, str]]:
+        """The `tools` of the planner's current configuration."""
+        return [
+            {
+                "name": tool.name,
+                "definitionDigest": tool.definition_digest,
+                "replay": tool.replay,
+                "replayKey": tool.key,
+            }
+            for tool in self._tools.values()
+        ]
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """The configuration an attempt is made with (`snapshot`) and the one recovery plans with
+    (`current`), both made from the same declarations."""
+
+    snapshot: dict[str, Any]
+    current: dict[str, Any]
+
+    @classmethod
+    def of(
+        cls,
+        tools: Tools,
+        *,
+        model: str,
+        environment: str,
+        system_prompt: str = "",
+        adapter: str = "sessionlog",
+        routing: str = "default",
+        output_options: Mapping[str, Any] | None = None,
+    ) -> Configuration:
+        snapshot = {
+            "model": model,
+            "systemPromptDigest": digest(canonical(system_prompt)),
+            "tools": tools.snapshot_tools(),
+            "adapterIdentity": adapter,
+            "routingIdentity": routing,
+            "outputOptionsDigest": digest(canonical(dict(output_options or {}))),
+        }
+        current = {
+            "configurationDigest": configuration_digest(snapshot),
+            "environmentIdentity": environment,
+            "tools": tools.current_tools(),
+        }
+        return cls(snapshot, current)

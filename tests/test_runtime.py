@@ -1,0 +1,202 @@
+"""The agent loop as an API: sessionlog.Session (and AsyncSession) over a store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sessionlog
+from conftest import HEADER
+
+
+class Effects:
+    """Tools whose every execution is logged: `read` is safe, `bash` is never."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    def tools(self) -> list[sessionlog.Tool]:
+        def read(arguments: dict[str, Any]) -> str:
+            self.log.append(f"read {arguments['path']}")
+            return f"contents of {arguments['path']}"
+
+        def bash(arguments: dict[str, Any]) -> str:
+            self.log.append(f"bash {arguments['command']}")
+            return "ok"
+
+        return [
+            sessionlog.Tool("read", read, "read a file", replay="safe"),
+            sessionlog.Tool("bash", bash, "run a command"),
+        ]
+
+
+def model(step: int) -> tuple[str | None, list[dict[str, Any]]]:
+    """A fake model: two steps of a read then a bash, then an answer."""
+    if step < 2:
+        return None, [
+            {"id": f"r{step}", "name": "read", "arguments": {"path": f"f{step}"}},
+            {"id": f"b{step}", "name": "bash", "arguments": {"command": f"c{step}"}},
+        ]
+    return "done", []
+
+
+def _session(tmp_path: Path, effects: Effects, backend: str = "jsonl") -> sessionlog.Session:
+    path = tmp_path / "s.jsonl"
+    store = sessionlog.open(path, backend) if path.exists() else sessionlog.create(path, backend, **HEADER)
+    return sessionlog.Session(store, tools=effects.tools(), model="test/model")
+
+
+def _loop(session: sessionlog.Session, run: sessionlog.Run) -> dict[str, Any]:
+    while run.needs_model:
+        attempt = run.attempt()
+        step = sum(1 for message in session.state.transcript if message["role"] == "assistant")
+        content, calls = model(step)
+        attempt.settle(content, calls, usage={"input": 10, "output": 5})
+        for call in run.start_tools():
+            call.run()
+    return run.finish()
+
+
+def test_the_loop_commits_intent_before_effect_and_finishes(tmp_path: Path) -> None:
+    effects = Effects()
+    session = _session(tmp_path, effects)
+    run = session.start("do it")
+    outcome = _loop(session, run)
+    assert outcome["outcome"] == "completed" and outcome["completion"] == "normal"
+    assert effects.log == ["read f0", "bash c0", "read f1", "bash c1"]
+    state = session.state
+    assert state.is_idle and state.last_finished == outcome
+    assert state.usage.input == 30
+    # every intent of a step is in one transaction, before the first result
+    lines = (tmp_path / "s.jsonl").read_bytes().splitlines()
+    intents = [line for line in lines if b'"toolStarted"' in line]
+    assert len(intents) == 2 and all(line.count(b'"toolStarted"') == 2 for line in intents)
+    snapshot = next(json.loads(line) for line in lines if b'"stepAttempt"' in line)["record"]
+    assert snapshot["configurationDigest"] == session.configuration.current["configurationDigest"]
+    session.store.close()
+
+
+def test_resume_replays_a_safe_read_and_never_runs_bash_twice(tmp_path: Path) -> None:
+    effects = Effects()
+    session = _session(tmp_path, effects)
+    run = session.start("do it")
+    attempt = run.attempt()
+    attempt.settle(*model(0))
+    calls = run.start_tools()  # both intents durable; then the process dies before any result
+    assert [call.name for call in calls] == ["read", "bash"]
+    session.store.close()
+    resumed = _session(tmp_path, effects)
+    again = resumed.resume()
+    assert again is not None and again.needs_model  # read replayed, bash settled as interrupted
+    assert effects.log == ["read f0"]
+    results = [m["content"] for m in resumed.state.transcript if m["role"] == "tool"]
+    assert results[0] == "contents of f0" and results[1].startswith("Operation interrupted")
+    _loop(resumed, again)
+    assert effects.log == ["read f0", "read f1", "bash c1"]  # bash c0 never ran
+    resumed.store.close()
+
+
+def test_resume_retries_an_open_attempt_and_a_second_loss_blocks_until_abort(tmp_path: Path) -> None:
+    effects = Effects()
+    session = _session(tmp_path, effects)
+    session.start("do it").attempt()  # the request may have been sent; its answer is lost
+    again = session.resume()
+    assert again is not None and again.needs_model
+    assert again.attempt().number == 2  # the same step, once more
+    blocked = session.resume()
+    assert blocked is not None and not blocked.needs_model
+    assert blocked.blocked == {"type": "blocked", "reason": "attempts_exhausted"}
+    assert blocked.abort()["outcome"] == "aborted"
+    assert session.state.is_idle and session.resume() is None
+    session.store.close()
+
+
+def test_an_unknown_tool_or_bad_arguments_get_synthetic_results_in_the_same_transaction(
+    tmp_path: Path,
+) -> None:
+    effects = Effects()
+    session = _session(tmp_path, effects)
+    run = session.start("do it")
+    run.attempt().settle(
+        None,
+        [
+            {"id": "x", "name": "missing", "arguments": {}},
+            {"id": "y", "name": "read", "arguments": "not json"},
+            {"id": "z", "name": "read", "arguments": {"path": "a"}},
+        ],
+    )
+    calls = run.start_tools()
+    assert [call.index for call in calls] == [2]
+    reasons = [m["content"] for m in session.state.transcript if m["role"] == "tool"]
+    assert reasons[0].startswith("Error: Unknown tool") and reasons[1].startswith("Error: Tool arguments")
+    calls[0].run()
+    assert run.needs_model
+    session.store.close()
+
+
+def test_a_failing_tool_is_recorded_as_an_error_result(tmp_path: Path) -> None:
+    def broken(arguments: dict[str, Any]) -> str:
+        raise OSError("disk on fire")
+
+    store = sessionlog.create(tmp_path / "s.jsonl", "jsonl", **HEADER)
+    session = sessionlog.Session(store, tools=[sessionlog.Tool("bash", broken)], model="m")
+    run = session.start("x")
+    run.attempt().settle(None, [{"id": "1", "name": "bash", "arguments": {}}])
+    (call,) = run.start_tools()
+    assert call.run() == "OSError: disk on fire"
+    assert session.state.transcript[-1]["content"] == "OSError: disk on fire"
+    with pytest.raises(sessionlog.RuntimeStateError):
+        session.start("another prompt while the run is open")
+    store.close()
+
+
+def test_tools_are_declared_once() -> None:
+    def noop(arguments: dict[str, Any]) -> str:
+        return ""
+
+    with pytest.raises(ValueError, match="declared twice"):
+        sessionlog.Tools([sessionlog.Tool("a", noop), sessionlog.Tool("a", noop)])
+    with pytest.raises(ValueError, match="safe"):
+        sessionlog.Tool("a", noop, replay="maybe")  # type: ignore[arg-type]
+    tools = sessionlog.Tools([sessionlog.Tool("a", noop, replay="safe")])
+    configuration = sessionlog.Configuration.of(tools, model="m", environment="e")
+    (declared,) = configuration.current["tools"]
+    assert declared["definitionDigest"] == configuration.snapshot["tools"][0]["definitionDigest"]
+    assert declared["replay"] == "safe" and declared["replayKey"].startswith("a:")
+    sessionlog.plan_recovery(
+        sessionlog.reduce_bytes(
+            sessionlog.encode_header(cwd="/", provider="p", model="m", environment_identity="e")
+        ),
+        configuration.current,
+    )  # a valid current configuration
+
+
+def test_the_async_twin(tmp_path: Path) -> None:
+    effects = Effects()
+
+    async def main() -> None:
+        store = await sessionlog.create_async(tmp_path / "s.jsonl", "jsonl-group", **HEADER)
+        session = sessionlog.AsyncSession(store, tools=effects.tools(), model="test/model")
+        run = await session.start("do it")
+        step = 0
+        while await run.needs_model():
+            attempt = await run.attempt()
+            content, calls = model(step)
+            await attempt.settle(content, calls)
+            for call in await run.start_tools():
+                await call.run()
+            step += 1
+        assert (await run.finish())["outcome"] == "completed"
+        assert await session.resume() is None
+        attempts = [
+            line for line in (tmp_path / "s.jsonl").read_bytes().splitlines() if b"stepAttempt" in line
+        ]
+        assert len(attempts) == 3 and all(b'"attempt":1' in line for line in attempts)
+        await store.close()
+
+    asyncio.run(main())
+    assert effects.log == ["read f0", "bash c0", "read f1", "bash c1"]
