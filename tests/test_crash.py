@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 import sessionlog
+from sessionlog.testing.agent_kills import run_agent_kills
 from sessionlog.testing.crash import Stream, run_kills, verify_log
 from sessionlog.testing.operations import OPERATIONS, run_operation_kills
 
@@ -122,3 +123,15 @@ def test_kill9_during_an_operator_command_loses_nothing_and_leaves_no_debris(
     assert report.failures == []
     assert report.kills == OPERATION_KILLS
     assert report.killed > 0  # some kills landed before the command finished
+
+
+def test_kill9_of_the_runtime_loop_never_runs_bash_twice_nor_out_of_order(tmp_path: Path) -> None:
+    """The agent loop on sessionlog.Session, killed and resumed again and again."""
+    report = run_agent_kills(KILLS, directory=tmp_path)
+    print(
+        f"\nruntime loop: {report.kills} kills, {report.rounds} sessions, "
+        f"{report.runs_finished} runs finished "
+        f"({report.aborted} aborted), {report.bash_runs} bash runs, {report.replays} safe reads replayed"
+    )
+    assert report.failures == []
+    assert report.kills == KILLS and report.rounds > 0 and report.bash_runs > 0
