@@ -200,3 +200,39 @@ def test_the_async_twin(tmp_path: Path) -> None:
 
     asyncio.run(main())
     assert effects.log == ["read f0", "bash c0", "read f1", "bash c1"]
+
+
+def test_plans_are_typed_for_mypy_users(tmp_path: Path) -> None:
+    """py.typed ships: a framework's mypy checks plan keys against the union keyed on `type`."""
+    import subprocess
+    import sys
+
+    good = tmp_path / "good.py"
+    good.write_text(
+        "import sessionlog\n"
+        "from sessionlog.schema import CurrentConfiguration\n"
+        "def next_tool(state: sessionlog.SessionState, current: CurrentConfiguration) -> str:\n"
+        "    plan = sessionlog.plan_recovery(state, current)\n"
+        "    if plan['type'] == 'startTool':\n"
+        "        return plan['toolName'] + plan['mode']\n"
+        "    return ''\n"
+    )
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import sessionlog\n"
+        "def next_tool(state: sessionlog.SessionState) -> str:\n"
+        "    plan = sessionlog.plan_recovery(state, {})\n"
+        "    return plan['toolName']\n"  # not narrowed: not every plan has it
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "mypy",
+        "--strict",
+        "--no-incremental",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
+    assert subprocess.run([*command, str(good)], capture_output=True, text=True).returncode == 0
+    checked = subprocess.run([*command, str(bad)], capture_output=True, text=True)
+    assert checked.returncode == 1 and "toolName" in checked.stdout

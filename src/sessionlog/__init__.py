@@ -6,6 +6,7 @@ written before the effect it describes, in the canonical v2 session contract of 
 
 from typing import TYPE_CHECKING, Any
 
+from . import schema
 from .core.canonical import canonical, configuration_digest, source_digest
 from .core.commit import encode_header
 from .core.errors import (
@@ -110,6 +111,7 @@ __all__ = [
     "recover",
     "recover_async",
     "reduce_bytes",
+    "schema",
     "source_digest",
     "start_step_facts",
     "start_tool_facts",

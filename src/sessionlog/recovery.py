@@ -23,12 +23,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from . import schema
 from .core import facts as build
 from .core.canonical import configuration_digest
 from .core.planner import plan_recovery
 from .core.state import SessionState, copy_json
 
-Plan = dict[str, Any]
+Plan = schema.Plan
 Fact = dict[str, Any]
 OnCommit = Callable[[Plan, list[dict[str, Any]]], object]
 """`on_commit(plan, committed_facts)`: called after each transaction `recover` commits."""

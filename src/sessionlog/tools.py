@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from .core.canonical import canonical, configuration_digest, digest
+from .schema import CurrentConfiguration, CurrentTool, Replay
 
-Replay = Literal["safe", "never"]
 ToolFunction = Callable[[dict[str, Any]], "str | Awaitable[str]"]
 
 
@@ -82,7 +82,7 @@ class Tools(Mapping[str, Tool]):
             {"name": tool.name, "definitionDigest": tool.definition_digest} for tool in self._tools.values()
         ]
 
-    def current_tools(self) -> list[dict[str, str]]:
+    def current_tools(self) -> list[CurrentTool]:
         """The `tools` of the planner's current configuration."""
         return [
             {
@@ -101,7 +101,7 @@ class Configuration:
     (`current`), both made from the same declarations."""
 
     snapshot: dict[str, Any]
-    current: dict[str, Any]
+    current: CurrentConfiguration
 
     @classmethod
     def of(
@@ -123,7 +123,7 @@ class Configuration:
             "routingIdentity": routing,
             "outputOptionsDigest": digest(canonical(dict(output_options or {}))),
         }
-        current = {
+        current: CurrentConfiguration = {
             "configurationDigest": configuration_digest(snapshot),
             "environmentIdentity": environment,
             "tools": tools.current_tools(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,7 @@ def _recover(
     args: argparse.Namespace,
     registry: Registry,
     current: dict[str, Any],
-    on_commit: Callable[[Plan, list[dict[str, Any]]], None],
+    on_commit: Callable[[Mapping[str, Any], list[dict[str, Any]]], None],
     first: AbortFacts | None = None,
 ) -> tuple[Plan, bool]:
     """Open the session for writing (under its lock; in memory with --dry-run), commit `first`'s
@@ -101,7 +101,7 @@ def _run_recovery(args: argparse.Namespace, registry: Registry, first: AbortFact
     done: list[dict[str, Any]] = []
     verb = "would commit" if getattr(args, "dry_run", False) else "committed"
 
-    def on_commit(plan: Plan, committed: list[dict[str, Any]]) -> None:
+    def on_commit(plan: Mapping[str, Any], committed: list[dict[str, Any]]) -> None:
         done.append({"plan": plan, "facts": committed})
         if not args.json:
             what = "abortRequested" if plan["type"] == "abort" else describe_plan(plan)

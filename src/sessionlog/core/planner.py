@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
+from .. import schema
 from .errors import ConfigurationError, shown
 from .reducer import SYNTHETIC_CONTENT
 from .state import SessionState, copy_json
@@ -98,9 +99,15 @@ def _parsed_arguments(text: str) -> dict[str, Any] | None:
     return value if type(value) is dict else None
 
 
-def plan_recovery(state: SessionState, current: Mapping[str, Any]) -> Plan:
-    """The one next action for `state` under the `current` configuration."""
+def plan_recovery(state: SessionState, current: Mapping[str, Any]) -> schema.Plan:
+    """The one next action for `state` under the `current` configuration: a plan of the
+    contract's recovery-plan form (`sessionlog.schema.Plan`, a union keyed on `type`).
+    ConfigurationError when `current` is malformed (it names the bad key)."""
     check_current(current)
+    return cast(schema.Plan, _plan(state, current))
+
+
+def _plan(state: SessionState, current: Mapping[str, Any]) -> Plan:
     operation = state.operation
     if operation["kind"] == "idle":
         return {"type": "finish", "outcome": "completed", "completion": "normal"}
