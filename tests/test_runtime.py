@@ -236,3 +236,39 @@ def test_plans_are_typed_for_mypy_users(tmp_path: Path) -> None:
     assert subprocess.run([*command, str(good)], capture_output=True, text=True).returncode == 0
     checked = subprocess.run([*command, str(bad)], capture_output=True, text=True)
     assert checked.returncode == 1 and "toolName" in checked.stdout
+
+
+def test_the_readme_quick_start_is_short_and_runs_again_after_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    quick = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)[0]
+    assert "sessionlog.Session" in quick and len(quick.strip().splitlines()) < 30
+    monkeypatch.chdir(tmp_path)
+    # A crash right after the intents were committed: the first run stops before any tool ran.
+    crashing = quick.replace("        call.run()", "        raise SystemExit('killed')", 1)
+    with pytest.raises(SystemExit):
+        exec(compile(crashing, "quick start", "exec"), {"__name__": "quick"})
+    import gc
+
+    gc.collect()  # the dead run's store is released, as a killed process's would be
+    exec(compile(quick, "quick start", "exec"), {"__name__": "quick"})
+    assert "'outcome': 'completed'" in capsys.readouterr().out
+    transcript = sessionlog.reduce_bytes((tmp_path / "agent.jsonl").read_bytes()).transcript
+    results = [message["content"] for message in transcript if message["role"] == "tool"]
+    assert results[0] == "deploy with: make deploy"  # the read, replayed
+    assert results[1].startswith("Operation interrupted")  # bash may have run: never again
+
+
+def test_create_with_exist_ok_opens_the_session_that_is_there(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    with sessionlog.create(path, "jsonl", **HEADER) as store:
+        store.commit(
+            [{"kind": "entry", "entry": {"type": "message", "message": {"role": "user", "content": "x"}}}]
+        )
+    with pytest.raises(sessionlog.SessionExistsError):
+        sessionlog.create(path, "jsonl", **HEADER)
+    with sessionlog.create(path, "jsonl", exist_ok=True, **HEADER) as store:
+        assert store.load().last_seq == 1

@@ -14,7 +14,7 @@ import orjson
 # import of `sessionlog.backends.jsonl` would otherwise replace the function with the package.
 from . import backends as _backend_modules  # noqa: F401
 from .core.commit import encode_header
-from .core.errors import ContractError, ValidationError
+from .core.errors import ContractError, SessionExistsError, ValidationError
 from .core.framing import DEFAULT_MAX_LINE_BYTES
 from .core.reducer import validate_header
 from .core.store import BackendInfo, SessionStore, check_max_line_bytes
@@ -71,13 +71,20 @@ def create(
     session_id: str | None = None,
     registry: Registry | None = None,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    exist_ok: bool = False,
     **options: Any,
 ) -> SessionStore:
-    """Create a new session atomically; SessionExistsError if one is there already.
-    `max_line_bytes`: the longest line the store reads (a longer one is CorruptionError) and
-    writes (a longer commit is ValidationError); default 64 MiB."""
+    """Create a new session atomically; SessionExistsError if one is there already (with
+    `exist_ok=True`, open that one instead, as `open` does). `max_line_bytes`: the longest line
+    the store reads (a longer one is CorruptionError) and writes (a longer commit is
+    ValidationError); default 64 MiB."""
     header = _header(provider, model, cwd, environment_identity, session_id)
-    return _open_sync(path, backend, header, registry, max_line_bytes, options)
+    try:
+        return _open_sync(path, backend, header, registry, max_line_bytes, options)
+    except SessionExistsError:
+        if not exist_ok:
+            raise
+    return _open_sync(path, backend, None, registry, max_line_bytes, options)
 
 
 def open(
@@ -140,11 +147,17 @@ async def create_async(
     session_id: str | None = None,
     registry: Registry | None = None,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    exist_ok: bool = False,
     **options: Any,
 ) -> AsyncSessionStore:
     """`create` for async backends."""
     header = _header(provider, model, cwd, environment_identity, session_id)
-    return await _open_async(path, backend, header, registry, max_line_bytes, options)
+    try:
+        return await _open_async(path, backend, header, registry, max_line_bytes, options)
+    except SessionExistsError:
+        if not exist_ok:
+            raise
+    return await _open_async(path, backend, None, registry, max_line_bytes, options)
 
 
 async def open_async(
