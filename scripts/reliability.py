@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 import sessionlog  # noqa: E402
+from sessionlog.testing.agent_kills import run_agent_kills  # noqa: E402
 from sessionlog.testing.crash import run_kills  # noqa: E402
 from sessionlog.testing.faults import real_enospc, run_faults  # noqa: E402
 from sessionlog.testing.mutations import run_corpus  # noqa: E402
@@ -110,6 +111,23 @@ def operator_kills(kills: int, directory: Path) -> tuple[Table, bool]:
             )
         )
     return rows, ok
+
+
+def agent_loop(kills: int, directory: Path) -> tuple[Table, bool]:
+    folder = directory / "agent"
+    folder.mkdir()
+    report = _timed("kill -9 of the runtime's agent loop", lambda: run_agent_kills(kills, directory=folder))
+    row = Row(
+        "kill -9 of an agent loop on `sessionlog.Session`, resumed each time",
+        "jsonl-fsync",
+        "power",
+        f"{report.kills} kills; {report.rounds} sessions of 3 prompts completed, {report.runs_finished} runs "
+        f"finished ({report.aborted} aborted: attempt 2's answer lost too), {report.bash_runs} bash runs, "
+        f"{report.replays} safe reads replayed; no bash twice, every step's tools in the model's order",
+        "0 prompts lost",
+        "pass" if report.ok else "FAIL: " + "; ".join(report.failures[:2]),
+    )
+    return [row], report.ok
 
 
 def bit_flips(names: list[str], directory: Path) -> tuple[Table, bool]:
@@ -385,6 +403,12 @@ EXPLANATION = """\
   duration. Afterwards the session holds every committed line, nothing partial stands under a
   final name (a copy, a side file), running the command again finishes the job, and no
   temporary file is left.
+* **kill -9 of an agent loop**: a scripted agent on the runtime (`sessionlog.Session`: a fake
+  model asks for a safe `read` and a `bash` per step) is SIGKILLed at a random moment and
+  resumed by the next process, again and again: no `bash` runs twice, a step's tools run in the
+  model's order (no read after its step's bash), no accepted prompt is lost, every run finishes
+  (`aborted` when the answers of both attempts of a step were lost: the documented end of a
+  blocked run).
 * **power loss (simulated)**: every file operation of a workload is recorded; every prefix of
   the operations is a crash point; at each, every byte prefix of the unsynced bytes, each
   unsynced 4 KiB page zeroed, dropped (stale), zeroed to the end, or the file ending in a page
@@ -462,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         for table, ok in (
             kill9(names, kills, directory),
             operator_kills(kills // 4, directory),
+            agent_loop(kills, directory),
             power_loss(names, traces, directory),
             bit_flips(names, directory),
             faults(names, directory),
