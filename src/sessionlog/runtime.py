@@ -142,14 +142,19 @@ def finish_facts(state: SessionState, configuration: Configuration) -> list[Fact
     return facts_for_plan(state, plan, configuration.current)
 
 
-def abort_facts(state: SessionState) -> list[Fact]:
+def abort_facts(state: SessionState, phase: str | None = None) -> list[Fact]:
+    """`abortRequested` for the current operation (none when it was asked before). The phase is
+    read from the state unless given: `compact` for a compaction, `tool` (naming the first
+    pending call) while intents are pending, else `model`."""
     operation = state.current_operation
     if operation is None:
         raise RuntimeStateError("nothing to abort: the session is idle")
     if operation["abortRequested"]:
         return []
     pending = state.pending_tools
-    phase = "compact" if operation["kind"] == "compaction" else "tool" if pending else "model"
+    phase = phase or ("compact" if operation["kind"] == "compaction" else "tool" if pending else "model")
+    if phase == "tool" and not pending:
+        raise RuntimeStateError("phase tool, but no tool intent is pending (use model)")
     return [
         build.abort_requested(
             operation["operationId"],
@@ -181,18 +186,70 @@ def failure_text(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-# -- the sync runtime --------------------------------------------------------------------------
+# -- what the twins share: who they are --------------------------------------------------------
 
 
-class Session:
-    """An agent session over a sync store (`sessionlog.open` / `create`, any backend): see the
-    module docstring. `model` names the model; `system_prompt`, `adapter`, `routing` and
+class RunBase:
+    """A run in progress (one accepted prompt), of a `Session` or an `AsyncSession`."""
+
+    def __init__(self, session: Any, operation_id: str) -> None:
+        self.session = session
+        self.operation_id = operation_id
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.operation_id}>"
+
+
+class AttemptBase:
+    """A model attempt, durable before its request was sent."""
+
+    def __init__(self, run: Any, record: Mapping[str, Any]) -> None:
+        self.run = run
+        self.record = dict(record)
+
+    @property
+    def number(self) -> int:
+        return int(self.record["attempt"])
+
+    def _failed(self, code: str, message: str) -> list[Fact]:
+        record = self.record
+        return [
+            build.step_failed(record["operationId"], record["stepId"], record["attemptId"], code, message)
+        ]
+
+
+class ToolCallBase:
+    """A started tool call: its intent is durable; run it, then record its result."""
+
+    def __init__(self, session: Any, start: ToolStart) -> None:
+        self.session = session
+        self.start = start
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} #{self.index}>"
+
+    @property
+    def name(self) -> str:
+        return self.start.tool_name
+
+    @property
+    def index(self) -> int:
+        return int(self.start.intent["toolIndex"])
+
+    @property
+    def arguments(self) -> dict[str, Any]:
+        return self.start.arguments
+
+
+class SessionBase:
+    """What `Session` and `AsyncSession` share: the store and the configuration made from the
+    declarations. `model` names the model; `system_prompt`, `adapter`, `routing` and
     `output_options` complete the configuration snapshot each attempt records; `environment`
     is the environment identity (default: the session header's)."""
 
     def __init__(
         self,
-        store: Store,
+        store: Any,
         *,
         tools: Tools | Iterable[Tool],
         model: str,
@@ -207,12 +264,31 @@ class Session:
         self.configuration = Configuration.of(
             self.tools,
             model=model,
-            environment=environment or store.load().header["environmentIdentity"],
+            environment=environment or self._header_environment(),
             system_prompt=system_prompt,
             adapter=adapter,
             routing=routing,
             output_options=output_options,
         )
+
+    def _header_environment(self) -> str:
+        header = getattr(self.store, "header", None)  # the built-in stores know their header
+        if header is None:
+            raise TypeError("this store has no header: pass environment=...")
+        return str(header["environmentIdentity"])
+
+
+# -- the sync runtime --------------------------------------------------------------------------
+
+
+class Session(SessionBase):
+    """An agent session over a sync store (`sessionlog.open` / `create`, any backend): see the
+    module docstring and `SessionBase` for the arguments."""
+
+    store: Store
+
+    def _header_environment(self) -> str:
+        return str(self.store.load().header["environmentIdentity"])
 
     @property
     def state(self) -> SessionState:
@@ -251,15 +327,10 @@ def replay_start(state: SessionState, plan: Mapping[str, Any]) -> ToolStart:
     raise RuntimeStateError(f"no pending intent {plan['toolStartedId']}")  # pragma: no cover
 
 
-class Run:
+class Run(RunBase):
     """The run in progress (one accepted prompt)."""
 
-    def __init__(self, session: Session, operation_id: str) -> None:
-        self.session = session
-        self.operation_id = operation_id
-
-    def __repr__(self) -> str:
-        return f"<Run {self.operation_id}>"
+    session: Session
 
     @property
     def needs_model(self) -> bool:
@@ -300,16 +371,8 @@ class Run:
         return self.session.state.last_finished or {}
 
 
-class Attempt:
-    """A model attempt, durable before its request was sent."""
-
-    def __init__(self, run: Run, record: Mapping[str, Any]) -> None:
-        self.run = run
-        self.record = dict(record)
-
-    @property
-    def number(self) -> int:
-        return int(self.record["attempt"])
+class Attempt(AttemptBase):
+    run: Run
 
     def settle(
         self,
@@ -325,33 +388,11 @@ class Attempt:
 
     def fail(self, code: str, message: str) -> None:
         """The request failed (the planner then retries once, or fails the run)."""
-        record = self.record
-        self.run.session.store.commit(
-            [build.step_failed(record["operationId"], record["stepId"], record["attemptId"], code, message)]
-        )
+        self.run.session.store.commit(self._failed(code, message))
 
 
-class ToolCall:
-    """A started tool call: its intent is durable; run it, then record its result."""
-
-    def __init__(self, session: Session, start: ToolStart) -> None:
-        self.session = session
-        self.start = start
-
-    def __repr__(self) -> str:
-        return f"<ToolCall {self.name} #{self.index}>"
-
-    @property
-    def name(self) -> str:
-        return self.start.tool_name
-
-    @property
-    def index(self) -> int:
-        return int(self.start.intent["toolIndex"])
-
-    @property
-    def arguments(self) -> dict[str, Any]:
-        return self.start.arguments
+class ToolCall(ToolCallBase):
+    session: Session
 
     def run(self) -> str:
         """Run the declared tool and record its output (an exception is recorded as an error

@@ -4,19 +4,22 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .core import facts as build
 from .core.state import SessionState
-from .recovery import AsyncStore, ToolStart, recover_async
+from .recovery import AsyncStore, recover_async
 from .runtime import (
+    AttemptBase,
+    RunBase,
     RuntimeStateError,
+    SessionBase,
+    ToolCallBase,
     ToolCallInput,
     abort_facts,
     attempt_facts,
     blocked,
-    declarations,
     failure_text,
     finish_facts,
     needs_model,
@@ -25,37 +28,13 @@ from .runtime import (
     settle_facts,
     tool_facts,
 )
-from .tools import Configuration, Tool, Tools
 
 
-class AsyncSession:
-    """`runtime.Session` over an async store (`sessionlog.open_async` / `create_async`)."""
+class AsyncSession(SessionBase):
+    """`runtime.Session` over an async store (`sessionlog.open_async` / `create_async`); the
+    arguments are `SessionBase`'s."""
 
-    def __init__(
-        self,
-        store: AsyncStore,
-        *,
-        tools: Tools | Iterable[Tool],
-        model: str,
-        system_prompt: str = "",
-        adapter: str = "sessionlog",
-        routing: str = "default",
-        output_options: Mapping[str, Any] | None = None,
-        environment: str | None = None,
-    ) -> None:
-        self.store = store
-        self.tools = declarations(tools)
-        if environment is None:
-            environment = store.header["environmentIdentity"]  # type: ignore[attr-defined]
-        self.configuration = Configuration.of(
-            self.tools,
-            model=model,
-            environment=environment,
-            system_prompt=system_prompt,
-            adapter=adapter,
-            routing=routing,
-            output_options=output_options,
-        )
+    store: AsyncStore
 
     async def state(self) -> SessionState:
         return await self.store.load()
@@ -82,13 +61,8 @@ class AsyncSession:
                     await call.run()
 
 
-class AsyncRun:
-    def __init__(self, session: AsyncSession, operation_id: str) -> None:
-        self.session = session
-        self.operation_id = operation_id
-
-    def __repr__(self) -> str:
-        return f"<AsyncRun {self.operation_id}>"
+class AsyncRun(RunBase):
+    session: AsyncSession
 
     async def needs_model(self) -> bool:
         return needs_model(await self.session.state(), self.session.configuration)
@@ -120,14 +94,8 @@ class AsyncRun:
         return (await self.session.state()).last_finished or {}
 
 
-class AsyncAttempt:
-    def __init__(self, run: AsyncRun, record: Mapping[str, Any]) -> None:
-        self.run = run
-        self.record = dict(record)
-
-    @property
-    def number(self) -> int:
-        return int(self.record["attempt"])
+class AsyncAttempt(AttemptBase):
+    run: AsyncRun
 
     async def settle(
         self,
@@ -143,31 +111,11 @@ class AsyncAttempt:
         )
 
     async def fail(self, code: str, message: str) -> None:
-        record = self.record
-        await self.run.session.store.commit(
-            [build.step_failed(record["operationId"], record["stepId"], record["attemptId"], code, message)]
-        )
+        await self.run.session.store.commit(self._failed(code, message))
 
 
-class AsyncToolCall:
-    def __init__(self, session: AsyncSession, start: ToolStart) -> None:
-        self.session = session
-        self.start = start
-
-    def __repr__(self) -> str:
-        return f"<AsyncToolCall {self.name} #{self.index}>"
-
-    @property
-    def name(self) -> str:
-        return self.start.tool_name
-
-    @property
-    def index(self) -> int:
-        return int(self.start.intent["toolIndex"])
-
-    @property
-    def arguments(self) -> dict[str, Any]:
-        return self.start.arguments
+class AsyncToolCall(ToolCallBase):
+    session: AsyncSession
 
     async def run(self) -> str:
         try:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import opening
-from ..core import facts as build
 from ..core.commit import CommitPipeline
 from ..core.errors import (
     ValidationError,
@@ -19,6 +18,7 @@ from ..core.state import SessionState
 from ..core.store import reduce_stored
 from ..plugins.registry import Registry
 from ..recovery import Plan, recover, recover_async
+from ..runtime import RuntimeStateError, abort_facts
 from .describe import describe_plan, seqs_text
 from .output import PROG, out, out_json, say_error
 from .sessions import (
@@ -77,19 +77,19 @@ def _recover(
     if getattr(args, "dry_run", False):
         data = read_session(args.file, args.backend, registry)
         memory = MemoryStore(data, args.file, power=read_rule(registry, args.backend))
-        if first is not None:
-            on_commit({"type": "abort"}, memory.commit(first(memory.load())))
+        if first is not None and (facts := first(memory.load())):
+            on_commit({"type": "abort"}, memory.commit(facts))
         return recover(memory, current, on_commit=on_commit), memory.load().is_idle
     if registry.info(args.backend).api == "sync":
         with opening.open(args.file, args.backend, registry=registry) as store:
-            if first is not None:
-                on_commit({"type": "abort"}, store.commit(first(store.load())))
+            if first is not None and (facts := first(store.load())):
+                on_commit({"type": "abort"}, store.commit(facts))
             return recover(store, current, on_commit=on_commit), store.load().is_idle
 
     async def in_loop() -> tuple[Plan, bool]:
         async with await opening.open_async(args.file, args.backend, registry=registry) as store:
-            if first is not None:
-                on_commit({"type": "abort"}, await store.commit(first(await store.load())))
+            if first is not None and (facts := first(await store.load())):
+                on_commit({"type": "abort"}, await store.commit(facts))
             left = await recover_async(store, current, on_commit=on_commit)
             return left, (await store.load()).is_idle
 
@@ -131,25 +131,10 @@ def cmd_recover(args: argparse.Namespace, registry: Registry) -> int:
 
 
 def cmd_abort(args: argparse.Namespace, registry: Registry) -> int:
-    def abort_facts(state: SessionState) -> list[dict[str, Any]]:
-        operation = state.operation
-        if operation["kind"] == "idle":
-            raise UsageError(f"{args.file}: nothing to abort: the session is idle")
-        if operation["abortRequested"]:
-            return []  # asked before: recovery finishes it
-        pending = state.pending_tools
-        phase = args.phase or (
-            "compact" if operation["kind"] == "compaction" else "tool" if pending else "model"
-        )
-        if phase == "tool" and not pending:
-            raise UsageError(f"{args.file}: --phase tool, but no tool intent is pending (use model)")
-        return [
-            build.abort_requested(
-                operation["operationId"],
-                operation["kind"],
-                phase,
-                tool_call_id=pending[0]["toolCallId"] if phase == "tool" else None,
-            )
-        ]
+    def first(state: SessionState) -> list[dict[str, Any]]:
+        try:
+            return abort_facts(state, args.phase)
+        except RuntimeStateError as error:
+            raise UsageError(f"{args.file}: {error}") from None
 
-    return _run_recovery(args, registry, lambda state: abort_facts(state) or [])
+    return _run_recovery(args, registry, first)
