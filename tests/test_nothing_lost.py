@@ -435,3 +435,22 @@ def test_an_error_message_never_echoes_a_wrong_field_and_stays_short() -> None:
         with pytest.raises(sessionlog.ValidationError) as caught:
             pipeline.prepare([fact])
         assert "sk-live" not in str(caught.value) and "api_key" not in str(caught.value)
+
+
+def test_only_a_whole_next_transaction_before_a_stray_byte_is_a_damaged_line_end(tmp_path: Path) -> None:
+    """Stale bytes that merely parse as JSON (`{}` and more) are a torn tail, cut as usual; the
+    next transaction, whole, followed by a byte other than LF is a damaged LF, refused."""
+    path = tmp_path / "s.jsonl"
+    with sessionlog.create(path, "jsonl-fsync", **HEADER) as store:
+        store.commit([_user("one")])
+    good = path.read_bytes()
+    path.write_bytes(good + b"{}\x07stale")
+    with sessionlog.open(path, "jsonl-fsync") as store:
+        assert store.torn_bytes == 8 and store.load().last_seq == 1
+    with sessionlog.open(path, "jsonl-fsync") as store:
+        store.commit([_user("two")])
+    damaged = path.read_bytes()[:-1] + b"\x0b"  # the LF of seq 2 flipped to VT
+    path.write_bytes(damaged)
+    with pytest.raises(CorruptionError, match="damaged line end"):
+        sessionlog.open(path, "jsonl-fsync")
+    assert path.read_bytes() == damaged

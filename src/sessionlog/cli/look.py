@@ -141,7 +141,7 @@ def cmd_inspect(args: argparse.Namespace, registry: Registry) -> int:
 def cmd_verify(args: argparse.Namespace, registry: Registry) -> int:
     data, state = load_session(args.file, args.backend, registry, args.progress)
     end = state.repaired_length
-    check_torn_tail(data, end, path=args.file)  # a damaged LF is no torn tail: a store refuses it
+    check_torn_tail(data, end, state.last_seq + 1, path=args.file)  # a damaged LF: a store refuses it
     count = data.count(b"\n", 0, end)
     notes = [f"{count:,} lines", f"last seq {state.last_seq}", f"{end:,} bytes committed"]
     if len(data) > end:

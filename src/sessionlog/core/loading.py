@@ -115,20 +115,25 @@ def _holes_only(data: bytes, first: int, nul: int) -> bool:
     return True
 
 
-def check_torn_tail(data: bytes, end: int, *, path: str | Path | None = None) -> None:
+def check_torn_tail(data: bytes, end: int, next_seq: int, *, path: str | Path | None = None) -> None:
     """Refuse to treat as torn a tail that no interrupted write leaves. A writer appends whole
-    lines, so a torn tail is a prefix of one line and its LF: it never holds a complete JSON
-    value followed by more bytes. That shape is a committed line whose LF was damaged (one
-    flipped bit); cutting it would drop an acknowledged commit. (Unless the byte after the value
-    starts a sector: a power loss may leave an unwritten sector holding anything.) The contract's
-    reduction ignores the tail whatever it holds; this is what a store checks before it truncates."""
+    lines, so a torn tail is a prefix of one line and its LF: it never holds the next transaction
+    (its first fact at `next_seq`) complete and followed by another byte. That shape is a
+    committed line whose LF was damaged (one flipped bit); cutting it would drop an acknowledged
+    commit. (Unless the byte after it starts a sector: a power loss may leave an unwritten sector
+    holding anything; and stale bytes that only look like JSON are no transaction.) The
+    contract's reduction ignores the tail whatever it holds; this is what a store checks before
+    it truncates."""
     if end >= len(data) or data[end] not in b"[{":
         return
     tail = data[end:].decode("utf-8", "replace")
     try:
-        _, stop = _DECODER.raw_decode(tail)
+        value, stop = _DECODER.raw_decode(tail)
     except ValueError:
         return  # incomplete: what a torn write leaves
+    first = value[0] if type(value) is list and value else value
+    if type(first) is not dict or first.get("seq") != next_seq:
+        return  # not the next transaction: stale bytes, not a damaged line
     after = end + len(tail[:stop].encode())
     if after == len(data) or not data[after:].strip(b"\0") or after % SECTOR == 0:
         return  # the LF is missing or lies in an unwritten sector: a torn write
@@ -181,9 +186,9 @@ def valid_prefix(
     cut = len(data)
     while True:
         try:
-            _, end = _load(data[:cut], max_line_bytes, nul_tail, nul_window)  # data itself at first
+            reducer, end = _load(data[:cut], max_line_bytes, nul_tail, nul_window)  # data itself at first
             if first is None:
-                check_torn_tail(data, end)
+                check_torn_tail(data, end, reducer.next_seq)
             return end, first
         except CorruptionError as error:
             first = first or error

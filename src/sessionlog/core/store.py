@@ -107,7 +107,7 @@ def reduce_stored(
     reducer, end = load(
         data, path=path, max_line_bytes=max_line_bytes, nul_tail=nul_tail, nul_window=nul_window
     )
-    check_torn_tail(data, end, path=path)
+    check_torn_tail(data, end, reducer.next_seq, path=path)
     lines = data.count(b"\n", 0, end)
     return CommitPipeline(reducer, end, lines, max_line_bytes=max_line_bytes), end
 
