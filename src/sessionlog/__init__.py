@@ -41,6 +41,7 @@ from .recovery import (
     start_step_facts,
     start_tool_facts,
 )
+from .repositories import DirectoryRepository, SessionInfo, repository
 from .runtime import Attempt, Run, RuntimeStateError, Session, ToolCall
 from .tools import Configuration, Tool, Tools
 
@@ -74,12 +75,14 @@ __all__ = [
     "ConfigurationError",
     "ContractError",
     "CorruptionError",
+    "DirectoryRepository",
     "ReentrantCallError",
     "Run",
     "RuntimeStateError",
     "Session",
     "SessionChangedError",
     "SessionExistsError",
+    "SessionInfo",
     "SessionLockedError",
     "SessionLogError",
     "SessionNotFoundError",
@@ -111,6 +114,7 @@ __all__ = [
     "recover",
     "recover_async",
     "reduce_bytes",
+    "repository",
     "schema",
     "source_digest",
     "start_step_facts",

@@ -1,0 +1,100 @@
+"""What a repository says of each session (`SessionInfo`), and listing: filters, order, pages."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ..core.state import Usage
+
+Status = Literal["idle", "running", "needs-recovery", "corrupt"]
+_NO_USAGE = Usage(0, 0, 0, 0)
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """One session, as a listing shows it. `status`: `idle`, `running` (a run or compaction is
+    unfinished and a live writer holds the session), `needs-recovery` (unfinished, no live
+    writer: recover it), `corrupt` (the log is refused; `error` says why). Times are ms since
+    the epoch; `updated_at` is the last write. `cursor` continues a listing after this row."""
+
+    session_id: str
+    status: Status
+    provider: str = ""
+    model: str = ""
+    created_at: int = 0
+    updated_at: int = 0
+    last_seq: int = 0
+    lines: int = 0
+    bytes: int = 0
+    title: str | None = None
+    labels: tuple[str, ...] = ()
+    usage: Usage = _NO_USAGE
+    writer: bool = False  # a live writer holds it
+    error: str | None = None
+
+    @property
+    def cursor(self) -> str:
+        return f"{self.updated_at}:{self.session_id}"
+
+
+def info_of(
+    summary: dict[str, Any], labels: tuple[str, ...], path: Path, held: Callable[[Path], bool]
+) -> SessionInfo:
+    session_id = path.name.split(".", 1)[0]
+    if "error" in summary:
+        return SessionInfo(
+            session_id,
+            "corrupt",
+            updated_at=summary["updated_at"],
+            bytes=summary["bytes"],
+            error=summary["error"],
+        )
+    writer = not summary["idle"] and held(path)  # only unfinished sessions need the probe
+    status: Status = "idle" if summary["idle"] else "running" if writer else "needs-recovery"
+    fields = {key: value for key, value in summary.items() if key not in ("idle", "usage", "session_id")}
+    return SessionInfo(
+        session_id, status, labels=labels, usage=Usage(*summary["usage"]), writer=writer, **fields
+    )
+
+
+@dataclass(frozen=True)
+class Filters:
+    """`list` filters: `status` (one or several), `updated_after` / `updated_before` (ms),
+    `labels` (every one must be set), `limit` (None: all), `cursor` (from the previous page)."""
+
+    status: str | Iterable[str] | None = None
+    updated_after: int | None = None
+    updated_before: int | None = None
+    labels: Iterable[str] = field(default_factory=tuple)
+    limit: int | None = 100
+    cursor: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and (type(self.limit) is not int or self.limit < 1):
+            raise ValueError(f"limit is a positive integer or None, not {self.limit!r}")
+        if self.cursor is not None:
+            updated, _, session_id = self.cursor.partition(":")
+            if not updated.isdigit() or not session_id:
+                raise ValueError(f"not a cursor of this listing: {self.cursor!r:.80}")
+
+
+def page(infos: list[SessionInfo], wanted: Filters) -> list[SessionInfo]:
+    statuses = {wanted.status} if isinstance(wanted.status, str) else set(wanted.status or ())
+    labels = set(wanted.labels)
+    rows = [
+        info
+        for info in infos
+        if (not statuses or info.status in statuses)
+        and (wanted.updated_after is None or info.updated_at > wanted.updated_after)
+        and (wanted.updated_before is None or info.updated_at < wanted.updated_before)
+        and labels <= set(info.labels)
+    ]
+    rows.sort(key=lambda info: (info.updated_at, info.session_id), reverse=True)
+    if wanted.cursor is not None:
+        updated, _, session_id = wanted.cursor.partition(":")
+        after = (int(updated), session_id)
+        rows = [info for info in rows if (info.updated_at, info.session_id) < after]
+    return rows if wanted.limit is None else rows[: wanted.limit]

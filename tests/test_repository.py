@@ -1,0 +1,173 @@
+"""The directory repository: many sessions in one directory, listed from an index."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sessionlog
+from sessionlog.core import facts as F
+from sessionlog.repositories import directory as directory_module
+from sessionlog.testing.sessions import READ_SNAPSHOT
+
+HEADER: dict[str, Any] = {"provider": "openrouter", "model": "test/model", "cwd": "/w"}
+
+
+def _user(text: str) -> list[dict[str, Any]]:
+    return F.accept_prompt(text)
+
+
+def test_create_list_load_export_and_labels(tmp_path: Path) -> None:
+    with sessionlog.repository(tmp_path / "repo") as repo:
+        with repo.create(**HEADER, labels=["b", "a"]) as store:
+            store.commit(_user("Fix the failing build in CI, please"))
+            first = store.load().session_id
+        with repo.create(**HEADER) as store:
+            second = store.load().session_id
+        rows = repo.list()
+        assert {row.session_id for row in rows} == {first, second}
+        one = next(row for row in rows if row.session_id == first)
+        assert one.title == "Fix the failing build in CI, please" and one.labels == ("a", "b")
+        assert one.status == "needs-recovery"  # a run is open and nobody holds the session
+        assert repo.list(labels=["a"]) == [one]
+        assert repo.load(first).last_seq == 2
+        assert repo.export(first) == (tmp_path / "repo" / f"{first}.jsonl").read_bytes()
+        assert [row.session_id for row in repo.unfinished()] == [first]
+        with repo.open(first):
+            assert repo.list(status="running")[0].session_id == first  # a live writer holds it
+            assert repo.unfinished() == []
+            with pytest.raises(sessionlog.SessionLockedError):
+                repo.open(first)
+        repo.label(second, ["x"])
+        assert repo.latest(labels=["x"]).session_id == second  # type: ignore[union-attr]
+
+
+def test_listing_reduces_only_what_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = sessionlog.repository(tmp_path)
+    ids = []
+    for index in range(5):
+        with repo.create(**HEADER) as store:
+            store.commit(_user(f"task {index}"))
+            ids.append(store.load().session_id)
+    reduced: list[str] = []
+    real = directory_module.summary_of
+
+    def counting(state: sessionlog.SessionState, data: bytes, updated_at: int) -> dict[str, Any]:
+        reduced.append(state.session_id)
+        return real(state, data, updated_at)
+
+    monkeypatch.setattr(directory_module, "summary_of", counting)
+    assert len(repo.list()) == 5 and len(reduced) == 5
+    assert len(repo.list()) == 5 and len(reduced) == 5  # nothing changed: nothing reduced
+    with repo.open(ids[2]) as store:
+        _grow(store)
+    assert len(repo.list()) == 5 and reduced[5:] == [ids[2]]
+    assert len(sessionlog.repository(tmp_path).list()) == 5 and len(reduced) == 6  # the index persists
+    repo.close()
+
+
+def _grow(store: sessionlog.SessionStore) -> None:
+    """One more valid transaction: the run's model attempt."""
+    state = store.load()
+    store.commit(
+        [F.step_attempt(state.operation["operationId"], state.active_context_through or "", READ_SNAPSHOT)]
+    )
+
+
+def test_paging_newest_first(tmp_path: Path) -> None:
+    repo = sessionlog.repository(tmp_path)
+    for index in range(7):
+        with repo.create(**HEADER) as store:
+            store.commit(_user(f"task {index}"))
+            session_id = store.load().session_id
+        os.utime(repo.path(session_id), ns=(index * 10**9, index * 10**9))
+    first = repo.list(limit=3)
+    second = repo.list(limit=3, cursor=first[-1].cursor)
+    third = repo.list(limit=3, cursor=second[-1].cursor)
+    titles = [row.title for row in first + second + third]
+    assert titles == [f"task {index}" for index in range(6, -1, -1)]
+    assert repo.list(updated_after=4000, limit=None) == first[:2]
+    with pytest.raises(ValueError, match="cursor"):
+        repo.list(cursor="nonsense")
+    repo.close()
+
+
+def test_fork_import_delete(tmp_path: Path) -> None:
+    repo = sessionlog.repository(tmp_path / "a")
+    with repo.create(**HEADER) as store:
+        store.commit(_user("first"))
+        _grow(store)
+        source = store.load().session_id
+    forked = repo.fork(source, 2)
+    state = repo.load(forked)
+    assert state.session_id == forked and state.last_seq == 2 and state.step is None
+    with pytest.raises(ValueError, match="does not end a transaction"):
+        repo.fork(source, 1)
+    other = sessionlog.repository(tmp_path / "b")
+    assert other.import_(repo.export(source)) == source
+    assert other.load(source) == repo.load(source)
+    with pytest.raises(sessionlog.SessionExistsError):
+        other.import_(repo.export(source))
+    with pytest.raises(sessionlog.CorruptionError):
+        other.import_(repo.export(source)[:-5] + b"xxxx\n")
+    with repo.open(source), pytest.raises(sessionlog.SessionLockedError):
+        repo.delete(source)
+    repo.delete(source)
+    assert {row.session_id for row in repo.list()} == {forked}
+    with pytest.raises(sessionlog.SessionNotFoundError):
+        repo.delete(source)
+    repo.close()
+    other.close()
+
+
+def test_a_session_id_is_never_a_path(tmp_path: Path) -> None:
+    repo = sessionlog.repository(tmp_path)
+    for bad in ("../etc/passwd", "x", "", "0" * 36):
+        with pytest.raises(ValueError, match="not a session id"):
+            repo.open(bad)
+    (tmp_path / "notes.txt").write_text("not a session")
+    assert repo.list() == []
+    repo.close()
+
+
+def test_a_corrupt_session_is_listed_as_such(tmp_path: Path) -> None:
+    repo = sessionlog.repository(tmp_path)
+    with repo.create(**HEADER) as store:
+        session_id = store.load().session_id
+    with open(repo.path(session_id), "ab") as file:
+        file.write(b"not json\n")
+    (row,) = repo.list()
+    assert row.status == "corrupt" and "MALFORMED_JSON" in (row.error or "")
+    repo.close()
+
+
+def test_a_writer_in_another_process_is_seen(tmp_path: Path) -> None:
+    repo = sessionlog.repository(tmp_path)
+    with repo.create(**HEADER) as store:
+        store.commit(_user("long task"))
+        session_id = store.load().session_id
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, sessionlog; s = sessionlog.open(sys.argv[1], 'jsonl-fsync'); "
+            "print('held', flush=True); sys.stdin.read()",
+            str(repo.path(session_id)),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        (row,) = repo.list()
+        assert row.status == "running" and row.writer
+    finally:
+        holder.communicate("", timeout=30)
+    assert repo.unfinished()[0].session_id == session_id
+    repo.close()
