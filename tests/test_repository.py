@@ -1,4 +1,6 @@
-"""The directory repository: many sessions in one directory, listed from an index."""
+"""Repositories: many sessions in one place. Every behaviour runs for the directory repository
+(one file per session, an index) and the SQLite repository (one database, a summary row per
+session)."""
 
 from __future__ import annotations
 
@@ -16,14 +18,23 @@ from sessionlog.repositories import directory as directory_module
 from sessionlog.testing.sessions import READ_SNAPSHOT
 
 HEADER: dict[str, Any] = {"provider": "openrouter", "model": "test/model", "cwd": "/w"}
+KINDS = ["directory", "sqlite"]
+
+
+def _repository(kind: str, where: Path) -> Any:
+    if kind == "directory":
+        return sessionlog.repository(where)
+    where.mkdir(parents=True, exist_ok=True)
+    return sessionlog.repository(f"sqlite:///{where / 'sessions.db'}")
 
 
 def _user(text: str) -> list[dict[str, Any]]:
     return F.accept_prompt(text)
 
 
-def test_create_list_load_export_and_labels(tmp_path: Path) -> None:
-    with sessionlog.repository(tmp_path / "repo") as repo:
+@pytest.mark.parametrize("kind", KINDS)
+def test_create_list_load_export_and_labels(kind: str, tmp_path: Path) -> None:
+    with _repository(kind, tmp_path / "repo") as repo:
         with repo.create(**HEADER, labels=["b", "a"]) as store:
             store.commit(_user("Fix the failing build in CI, please"))
             first = store.load().session_id
@@ -36,7 +47,7 @@ def test_create_list_load_export_and_labels(tmp_path: Path) -> None:
         assert one.status == "needs-recovery"  # a run is open and nobody holds the session
         assert repo.list(labels=["a"]) == [one]
         assert repo.load(first).last_seq == 2
-        assert repo.export(first) == (tmp_path / "repo" / f"{first}.jsonl").read_bytes()
+        assert sessionlog.reduce_bytes(repo.export(first)) == repo.load(first)
         assert [row.session_id for row in repo.unfinished()] == [first]
         with repo.open(first):
             assert repo.list(status="running")[0].session_id == first  # a live writer holds it
@@ -97,8 +108,9 @@ def test_paging_newest_first(tmp_path: Path) -> None:
     repo.close()
 
 
-def test_fork_import_delete(tmp_path: Path) -> None:
-    repo = sessionlog.repository(tmp_path / "a")
+@pytest.mark.parametrize("kind", KINDS)
+def test_fork_import_delete(kind: str, tmp_path: Path) -> None:
+    repo = _repository(kind, tmp_path / "a")
     with repo.create(**HEADER) as store:
         store.commit(_user("first"))
         _grow(store)
@@ -108,7 +120,7 @@ def test_fork_import_delete(tmp_path: Path) -> None:
     assert state.session_id == forked and state.last_seq == 2 and state.step is None
     with pytest.raises(ValueError, match="does not end a transaction"):
         repo.fork(source, 1)
-    other = sessionlog.repository(tmp_path / "b")
+    other = _repository(kind, tmp_path / "b")
     assert other.import_(repo.export(source)) == source
     assert other.load(source) == repo.load(source)
     with pytest.raises(sessionlog.SessionExistsError):
@@ -125,8 +137,9 @@ def test_fork_import_delete(tmp_path: Path) -> None:
     other.close()
 
 
-def test_a_session_id_is_never_a_path(tmp_path: Path) -> None:
-    repo = sessionlog.repository(tmp_path)
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_session_id_is_never_a_path(kind: str, tmp_path: Path) -> None:
+    repo = _repository(kind, tmp_path)
     for bad in ("../etc/passwd", "x", "", "0" * 36):
         with pytest.raises(ValueError, match="not a session id"):
             repo.open(bad)
@@ -146,18 +159,21 @@ def test_a_corrupt_session_is_listed_as_such(tmp_path: Path) -> None:
     repo.close()
 
 
-def test_a_writer_in_another_process_is_seen(tmp_path: Path) -> None:
-    repo = sessionlog.repository(tmp_path)
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_writer_in_another_process_is_seen(kind: str, tmp_path: Path) -> None:
+    repo = _repository(kind, tmp_path)
     with repo.create(**HEADER) as store:
         store.commit(_user("long task"))
         session_id = store.load().session_id
+    location = str(tmp_path) if kind == "directory" else f"sqlite:///{tmp_path / 'sessions.db'}"
     holder = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import sys, sessionlog; s = sessionlog.open(sys.argv[1], 'jsonl-fsync'); "
+            "import sys, sessionlog; s = sessionlog.repository(sys.argv[1]).open(sys.argv[2]); "
             "print('held', flush=True); sys.stdin.read()",
-            str(repo.path(session_id)),
+            location,
+            session_id,
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -167,7 +183,56 @@ def test_a_writer_in_another_process_is_seen(tmp_path: Path) -> None:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         (row,) = repo.list()
         assert row.status == "running" and row.writer
+        with pytest.raises(sessionlog.SessionLockedError):
+            repo.open(session_id)
     finally:
         holder.communicate("", timeout=30)
     assert repo.unfinished()[0].session_id == session_id
     repo.close()
+
+
+def test_sqlite_a_writer_that_lost_its_hold_is_fenced(tmp_path: Path) -> None:
+    repo = _repository("sqlite", tmp_path)
+    store = repo.create(**HEADER)
+    session_id = store.load().session_id
+    store.commit(_user("first"))
+    # Another writer takes the session over (as after a crash of this host's holder).
+    with repo.transaction() as connection:
+        connection.execute("update sessions set writer = null, writer_epoch = writer_epoch + 1")
+    with repo.open(session_id) as taker:
+        assert taker.load().last_seq == 2
+    before = repo.export(session_id)
+    with pytest.raises(sessionlog.StorePoisonedError, match="fenced"):
+        _grow(store)
+    assert repo.export(session_id) == before  # nothing of the fenced writer was written
+    store.close()
+    repo.close()
+
+
+def test_sqlite_two_processes_commit_to_different_sessions_of_one_file(tmp_path: Path) -> None:
+    repo = _repository("sqlite", tmp_path)
+    ids = []
+    for _ in range(2):
+        with repo.create(**HEADER) as store:
+            ids.append(store.load().session_id)
+    script = (
+        "import sys, sessionlog\n"
+        "from sessionlog.core import facts as F\n"
+        "repo = sessionlog.repository(sys.argv[1])\n"
+        "with repo.open(sys.argv[2]) as store:\n"
+        "    for n in range(60):\n"
+        "        store.commit([F.user_message(f'm{n}')])\n"
+    )
+    location = f"sqlite:///{tmp_path / 'sessions.db'}"
+    workers = [subprocess.Popen([sys.executable, "-c", script, location, session_id]) for session_id in ids]
+    assert [worker.wait(timeout=120) for worker in workers] == [0, 0]
+    assert [repo.load(session_id).last_seq for session_id in ids] == [60, 60]
+    repo.close()
+
+
+def test_sqlite_refuses_a_file_that_is_not_its_database(tmp_path: Path) -> None:
+    bogus = tmp_path / "not.db"
+    bogus.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(sessionlog.SessionPathError):
+        sessionlog.repository(f"sqlite:///{bogus}")
+    assert bogus.read_bytes() == b"this is not a database" * 100

@@ -6,8 +6,8 @@
     for info in repo.unfinished():                              # crashed runs, no live writer
         with repo.open(info.session_id) as store: ...           # recover each
 
-This slice has the directory repository (`directory.DirectoryRepository`); SQLite and
-PostgreSQL repositories follow on the same methods.
+Here: the directory repository (`directory`) and the SQLite repository (`sqlite`), with the same
+methods; PostgreSQL follows on them.
 """
 
 from __future__ import annotations
@@ -17,17 +17,22 @@ from typing import Any
 
 from .directory import DirectoryRepository
 from .info import Filters, SessionInfo
+from .sqlite import SQLiteRepository
 
-__all__ = ["DirectoryRepository", "Filters", "SessionInfo", "repository"]
+__all__ = ["DirectoryRepository", "Filters", "SQLiteRepository", "SessionInfo", "repository"]
 
 
-def repository(location: str | os.PathLike[str], **options: Any) -> DirectoryRepository:
+def repository(location: str | os.PathLike[str], **options: Any) -> DirectoryRepository | SQLiteRepository:
     """The repository at `location`: a directory path (or a `file://` URL) holding one session
-    file per session; `backend=` names the file backend (default `jsonl-fsync`)."""
+    file per session (`backend=` names the file backend, default `jsonl-fsync`), or
+    `sqlite:///path.db`, one SQLite file holding many sessions (`durability=` `power`, the
+    default, or `process`)."""
     text = os.fspath(location)
-    if "://" in text:
-        scheme, _, rest = text.partition("://")
-        if scheme != "file":
-            raise ValueError(f"no repository for {scheme}:// URLs in this build (a directory path works)")
-        text = rest
-    return DirectoryRepository(text, **options)
+    if "://" not in text:
+        return DirectoryRepository(text, **options)
+    scheme, _, rest = text.partition("://")
+    if scheme == "file":
+        return DirectoryRepository(rest, **options)
+    if scheme == "sqlite":
+        return SQLiteRepository(rest, **options)
+    raise ValueError(f"no repository for {scheme}:// URLs in this build (a directory or sqlite:/// works)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import builtins
 import errno
 import fcntl
+import functools
 import os
 import stat
 from collections.abc import Iterable
@@ -223,7 +224,14 @@ class DirectoryRepository:
             else:
                 summary = self._summarize(Path(entry.path), status)
                 fresh.append((session_id, mark, summary))
-            infos.append(info_of(summary, labels.get(session_id, ()), Path(entry.path), _held))
+            path = Path(entry.path)
+            infos.append(
+                info_of(
+                    {**summary, "session_id": session_id},
+                    labels.get(session_id, ()),
+                    functools.partial(_held, path),
+                )
+            )
         gone = [session_id for session_id in cached if session_id not in present]
         if fresh or gone:
             self._index.store(fresh, gone)

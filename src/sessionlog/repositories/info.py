@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from ..core.state import Usage
@@ -40,10 +39,10 @@ class SessionInfo:
         return f"{self.updated_at}:{self.session_id}"
 
 
-def info_of(
-    summary: dict[str, Any], labels: tuple[str, ...], path: Path, held: Callable[[Path], bool]
-) -> SessionInfo:
-    session_id = path.name.split(".", 1)[0]
+def info_of(summary: dict[str, Any], labels: tuple[str, ...], held: Callable[[], bool]) -> SessionInfo:
+    """A listing row from a session's summary; `held()` says whether a live writer holds it (only
+    asked of unfinished sessions)."""
+    session_id = summary["session_id"]
     if "error" in summary:
         return SessionInfo(
             session_id,
@@ -52,7 +51,7 @@ def info_of(
             bytes=summary["bytes"],
             error=summary["error"],
         )
-    writer = not summary["idle"] and held(path)  # only unfinished sessions need the probe
+    writer = not summary["idle"] and held()
     status: Status = "idle" if summary["idle"] else "running" if writer else "needs-recovery"
     fields = {key: value for key, value in summary.items() if key not in ("idle", "usage", "session_id")}
     return SessionInfo(

@@ -1,0 +1,457 @@
+"""The SQLite repository: many sessions in one database file, one row per transaction line.
+
+    repo = sessionlog.repository("sqlite:///var/lib/agent/sessions.db")             # power class
+    repo = sessionlog.repository("sqlite:///sessions.db", durability="process")
+
+Schema (version 1, in `schema_version`): `sessions` (one summary row per session, updated in the
+same transaction as each commit) and `lines` (`(session_id, line_no)` primary key, each line
+byte for byte as the JSONL file would hold it, the header as line 1). WAL; `synchronous=FULL`
+for the power class, `NORMAL` for the process class; `foreign_keys=ON`.
+
+One writer per session: opening for writing takes the session's row (`writer` names the holder,
+`writer_epoch` is bumped) unless a live writer holds it (SessionLockedError naming it); a writer
+on this host whose process is gone is taken over. Every commit is `BEGIN IMMEDIATE`, an update
+of the summary row `WHERE session_id = ? AND writer_epoch = ? AND head_line = ?` (no row: the
+writer was fenced, nothing is written) and the insert of the line, then `COMMIT`. A busy
+database is retried with jitter for a short while, then reported as SessionLockedError; a raw
+`sqlite3.OperationalError` never escapes.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import functools
+import json
+import os
+import random
+import socket
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+
+from ..core.commit import encode_header
+from ..core.errors import (
+    SessionChangedError,
+    SessionExistsError,
+    SessionLockedError,
+    SessionNotFoundError,
+    SessionPathError,
+)
+from ..core.ids import new_id
+from ..core.loading import reduce_bytes
+from ..core.reducer import is_uuid7
+from ..core.state import SessionState
+from ..core.store import BackendInfo, SessionStore
+from ..opening import _header
+from .info import Filters, SessionInfo, info_of, page
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+create table if not exists schema_version (version integer not null);
+create table if not exists sessions (
+    session_id text primary key,
+    created_at integer not null,
+    updated_at integer not null,
+    head_line integer not null,
+    head_bytes integer not null,
+    summary text not null,
+    labels text not null default '[]',
+    writer text,
+    writer_epoch integer not null default 0
+) without rowid;
+create table if not exists lines (
+    session_id text not null references sessions (session_id) on delete cascade,
+    line_no integer not null,
+    line blob not null,
+    primary key (session_id, line_no)
+) without rowid;
+"""
+INFOS = {
+    "power": BackendInfo("sqlite", "power", "sync", "SQLite WAL, synchronous=FULL, one row per line"),
+    "process": BackendInfo(
+        "sqlite-normal", "process", "sync", "SQLite WAL, synchronous=NORMAL, one row per line"
+    ),
+}
+_BUSY_SECONDS = 5.0
+
+
+def _me() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _held_by(writer: str | None) -> bool:
+    return writer is not None and _alive(writer)
+
+
+def _alive(holder: str) -> bool:
+    """Whether the writer named `holder` (host:pid) may still be alive."""
+    host, _, pid = holder.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True  # another host: only a lease can tell (PostgreSQL repositories have them)
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+class SQLiteRepository:
+    """Sessions in one SQLite file (made if missing). `durability`: `power` or `process`."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, durability: Literal["power", "process"] = "power"
+    ) -> None:
+        if durability not in INFOS:
+            raise ValueError(f"durability is power or process, not {durability!r}")
+        self.path = Path(path)
+        self.info = INFOS[durability]
+        self._synchronous = "full" if durability == "power" else "normal"
+        self._connection = self.connect()
+        with self.transaction() as connection:
+            for statement in filter(str.strip, _SCHEMA.split(";")):
+                connection.execute(statement)
+            versions = [row[0] for row in connection.execute("select version from schema_version")]
+            if not versions:
+                connection.execute("insert into schema_version values (?)", (SCHEMA_VERSION,))
+            elif max(versions) > SCHEMA_VERSION:
+                raise SessionPathError(
+                    0,
+                    f"{self.path}: schema version {max(versions)} is newer than this sessionlog",
+                    str(self.path),
+                )
+
+    def connect(self) -> sqlite3.Connection:
+        """A connection with this repository's settings; SessionPathError for a file that is not
+        a database this repository can use."""
+        try:
+            connection = sqlite3.connect(
+                self.path, isolation_level=None, timeout=0.05, check_same_thread=False
+            )
+            connection.execute("pragma journal_mode=wal")
+            connection.execute(f"pragma synchronous={self._synchronous}")
+            connection.execute("pragma foreign_keys=on")
+        except sqlite3.DatabaseError as error:
+            raise SessionPathError(
+                0, f"{self.path}: not a usable SQLite database: {error}", str(self.path)
+            ) from None
+        return connection
+
+    def close(self) -> None:
+        self._connection.close()
+
+    def __enter__(self) -> SQLiteRepository:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<SQLiteRepository {self.path} ({self.info.durability})>"
+
+    @contextlib.contextmanager
+    def transaction(self, connection: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
+        """`BEGIN IMMEDIATE` ... `COMMIT`, retried with jitter while the database is busy."""
+        connection = connection or self._connection
+        deadline = time.monotonic() + _BUSY_SECONDS
+        while True:
+            try:
+                connection.execute("begin immediate")
+                break
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error) and "busy" not in str(error):
+                    raise SessionPathError(0, f"{self.path}: {error}", str(self.path)) from None
+                if time.monotonic() > deadline:
+                    raise SessionLockedError(
+                        f"{self.path}: the database stayed busy for {_BUSY_SECONDS:.0f} s"
+                    ) from None
+                time.sleep(random.uniform(0.001, 0.01))
+        try:
+            yield connection
+        except BaseException:
+            connection.execute("rollback")
+            raise
+        connection.execute("commit")  # not in a finally: a failed transaction is rolled back above
+
+    def _id(self, session_id: str) -> str:
+        if not is_uuid7(session_id):
+            raise ValueError(f"not a session id (a UUIDv7): {session_id!r:.60}")
+        return session_id
+
+    # -- one session -----------------------------------------------------------------------------
+
+    def create(
+        self,
+        *,
+        provider: str,
+        model: str,
+        cwd: str | None = None,
+        environment_identity: str | None = None,
+        labels: Iterable[str] = (),
+    ) -> SessionStore:
+        session_id = new_id()
+        header = _header(provider, model, cwd, environment_identity, session_id)
+        self._insert(session_id, [header], _labels(labels))
+        return self.open(session_id)
+
+    def _insert(self, session_id: str, lines: builtins.list[bytes], labels: builtins.list[str]) -> None:
+        data = b"".join(lines)
+        state = reduce_bytes(data)
+        now = time.time_ns() // 1_000_000
+        with self.transaction() as connection:
+            try:
+                connection.execute(
+                    "insert into sessions values (?, ?, ?, ?, ?, ?, ?, null, 0)",
+                    (
+                        session_id,
+                        state.header["createdAt"],
+                        now,
+                        len(lines),
+                        len(data),
+                        json.dumps(_summary(state)),
+                        json.dumps(labels),
+                    ),
+                )
+            except sqlite3.IntegrityError:
+                raise SessionExistsError(
+                    0, f"session {session_id} is already in {self.path}", str(self.path)
+                ) from None
+            connection.executemany(
+                "insert into lines values (?, ?, ?)",
+                [(session_id, number, line) for number, line in enumerate(lines, 1)],
+            )
+
+    def open(self, session_id: str) -> SessionStore:
+        """The session for writing; SessionLockedError while a live writer holds it."""
+        session_id = self._id(session_id)
+        connection = self.connect()
+        try:
+            with self.transaction(connection):
+                row = connection.execute(
+                    "select writer, writer_epoch from sessions where session_id = ?", (session_id,)
+                ).fetchone()
+                if row is None:
+                    raise SessionNotFoundError(0, f"no session {session_id} in {self.path}", str(self.path))
+                holder, epoch = row
+                if holder is not None and _alive(holder):
+                    raise SessionLockedError(f"session {session_id} in {self.path} is held by {holder}")
+                epoch += 1
+                connection.execute(
+                    "update sessions set writer = ?, writer_epoch = ? where session_id = ?",
+                    (_me(), epoch, session_id),
+                )
+            backend = SQLiteSession(self, connection, session_id, epoch)
+        except BaseException:
+            connection.close()
+            raise
+        return SessionStore.open_backend(backend, Path(f"{self.path}#{session_id}"), self.info)
+
+    def read(self, session_id: str, connection: sqlite3.Connection | None = None) -> bytes:
+        rows = (
+            (connection or self._connection)
+            .execute("select line from lines where session_id = ? order by line_no", (self._id(session_id),))
+            .fetchall()
+        )
+        if not rows:
+            raise SessionNotFoundError(0, f"no session {session_id} in {self.path}", str(self.path))
+        return b"".join(row[0] for row in rows)
+
+    def load(self, session_id: str) -> SessionState:
+        return reduce_bytes(self.read(session_id), **self.info.nul_rule())
+
+    def export(self, session_id: str) -> bytes:
+        return self.read(session_id)
+
+    def import_(self, data: bytes, *, labels: Iterable[str] = ()) -> str:
+        state = reduce_bytes(data)
+        if state.repaired_length != len(data):
+            raise ValueError("an imported session ends with its last LF (this one has a torn tail)")
+        self._insert(state.session_id, data.splitlines(keepends=True), _labels(labels))
+        return state.session_id
+
+    def fork(self, session_id: str, at_seq: int) -> str:
+        data = self.read(session_id)
+        header_end = data.index(b"\n") + 1
+        end = header_end
+        for line in data[header_end:].splitlines(keepends=True):
+            value = orjson.loads(line)
+            if (value[-1] if type(value) is list else value)["seq"] > at_seq:
+                break
+            end += len(line)
+        if reduce_bytes(data[:end]).last_seq != at_seq:
+            raise ValueError(f"seq {at_seq} does not end a transaction of {session_id}")
+        header = orjson.loads(data[: header_end - 1])
+        forked = new_id()
+        new_header = encode_header(
+            session_id=forked,
+            cwd=header["cwd"],
+            provider=header["provider"],
+            model=header["model"],
+            environment_identity=header["environmentIdentity"],
+        )
+        self._insert(forked, [new_header, *data[header_end:end].splitlines(keepends=True)], [])
+        return forked
+
+    def delete(self, session_id: str) -> None:
+        session_id = self._id(session_id)
+        with self.transaction() as connection:
+            row = connection.execute(
+                "select writer from sessions where session_id = ?", (session_id,)
+            ).fetchone()
+            if row is None:
+                raise SessionNotFoundError(0, f"no session {session_id} in {self.path}", str(self.path))
+            if row[0] is not None and _alive(row[0]):
+                raise SessionLockedError(f"session {session_id} is held by {row[0]}; nothing was deleted")
+            connection.execute("delete from sessions where session_id = ?", (session_id,))  # lines cascade
+
+    def label(self, session_id: str, labels: Iterable[str]) -> None:
+        with self.transaction() as connection:
+            changed = connection.execute(
+                "update sessions set labels = ? where session_id = ?",
+                (json.dumps(_labels(labels)), self._id(session_id)),
+            ).rowcount
+        if not changed:
+            raise SessionNotFoundError(0, f"no session {session_id} in {self.path}", str(self.path))
+
+    # -- many sessions -----------------------------------------------------------------------------
+
+    def list(self, **filters: Any) -> builtins.list[SessionInfo]:
+        """From the summary rows alone: no log is read."""
+        wanted = Filters(**filters)
+        rows = self._connection.execute(
+            "select session_id, created_at, updated_at, head_line, head_bytes, summary, labels, writer "
+            "from sessions"
+        ).fetchall()
+        infos = []
+        for session_id, created, updated, lines, size, summary, labels, writer in rows:
+            fields = json.loads(summary)
+            fields.update(
+                session_id=session_id, created_at=created, updated_at=updated, lines=lines, bytes=size
+            )
+            infos.append(info_of(fields, tuple(json.loads(labels)), functools.partial(_held_by, writer)))
+        return page(infos, wanted)
+
+    def latest(self, **filters: Any) -> SessionInfo | None:
+        found = self.list(**{**filters, "limit": 1})
+        return found[0] if found else None
+
+    def unfinished(self) -> builtins.list[SessionInfo]:
+        return self.list(status="needs-recovery", limit=None)
+
+
+def _summary(state: SessionState) -> dict[str, Any]:
+    header = state.header
+    title = next((m["content"] for m in state.transcript if m["role"] == "user"), None)
+    return {
+        "provider": header["provider"],
+        "model": header["model"],
+        "idle": state.is_idle,
+        "last_seq": state.last_seq,
+        "title": " ".join(title.split())[:80] if isinstance(title, str) else None,
+        "usage": list(state.usage),
+    }
+
+
+def _labels(labels: Iterable[str]) -> builtins.list[str]:
+    found = sorted(set(labels))
+    for label in found:
+        if type(label) is not str or not label or len(label) > 200:
+            raise ValueError(f"a label is a non-empty string of at most 200 characters, not {label!r:.60}")
+    return found
+
+
+class SQLiteSession:
+    """One session of a SQLite repository as a store's backend: it moves bytes (rows) and keeps
+    the summary row in the same transaction. Fenced (SessionChangedError, nothing written) when
+    another writer took the session over."""
+
+    def __init__(
+        self, repository: SQLiteRepository, connection: sqlite3.Connection, session_id: str, epoch: int
+    ) -> None:
+        self.repository = repository
+        self.connection = connection
+        self.session_id = session_id
+        self.epoch = epoch
+        self.head_line = 0
+        self.head_bytes = 0
+        self.summary: dict[str, Any] = {}
+
+    def read(self) -> bytes:
+        data = self.repository.read(self.session_id, self.connection)
+        self.head_line, self.head_bytes = data.count(b"\n"), len(data)
+        row = self.connection.execute("select summary from sessions where session_id = ?", (self.session_id,))
+        self.summary = json.loads(row.fetchone()[0])
+        return data
+
+    def truncate(self, length: int) -> None:  # rows hold whole lines: there is never a torn tail
+        raise OSError(f"{self.repository.path}: a SQLite session has no torn tail to cut")
+
+    def append(self, line: bytes) -> None:
+        summary = self._summary_after(line)
+        with self.repository.transaction(self.connection) as connection:
+            changed = connection.execute(
+                "update sessions set head_line = ?, head_bytes = ?, updated_at = ?, summary = ? "
+                "where session_id = ? and writer_epoch = ? and head_line = ?",
+                (
+                    self.head_line + 1,
+                    self.head_bytes + len(line),
+                    time.time_ns() // 1_000_000,
+                    json.dumps(summary),
+                    self.session_id,
+                    self.epoch,
+                    self.head_line,
+                ),
+            ).rowcount
+            if not changed:
+                raise SessionChangedError(
+                    f"{self.repository.path}: session {self.session_id} was taken over by another writer "
+                    "(fenced); nothing was written"
+                )
+            connection.execute(
+                "insert into lines values (?, ?, ?)", (self.session_id, self.head_line + 1, line)
+            )
+        self.head_line += 1
+        self.head_bytes += len(line)
+        self.summary = summary
+
+    def _summary_after(self, line: bytes) -> dict[str, Any]:
+        """The summary row once `line` is committed (it was validated: its facts are sound)."""
+        summary = dict(self.summary)
+        value = orjson.loads(line)
+        for fact in value if type(value) is list else [value]:
+            summary["last_seq"] = fact["seq"]
+            kind = fact["kind"]
+            if kind == "usage":
+                counts = fact["usage"]
+                summary["usage"] = [
+                    total + counts[key]
+                    for total, key in zip(
+                        summary["usage"], ("input", "output", "cacheRead", "cacheWrite"), strict=True
+                    )
+                ]
+            elif kind == "record" and fact["record"]["type"] in ("runStarted", "compactionStarted"):
+                summary["idle"] = False
+            elif kind == "record" and fact["record"]["type"] == "operationFinished":
+                summary["idle"] = True
+            elif kind == "entry" and summary["title"] is None:
+                message = fact["entry"].get("message") or {}
+                if message.get("role") == "user" and isinstance(message.get("content"), str):
+                    summary["title"] = " ".join(message["content"].split())[:80]
+        return summary
+
+    def close(self) -> None:
+        with (
+            contextlib.suppress(sqlite3.Error, SessionLockedError),
+            self.repository.transaction(self.connection) as connection,
+        ):
+            connection.execute(
+                "update sessions set writer = null where session_id = ? and writer_epoch = ?",
+                (self.session_id, self.epoch),
+            )
+        self.connection.close()
