@@ -236,3 +236,19 @@ def test_sqlite_refuses_a_file_that_is_not_its_database(tmp_path: Path) -> None:
     with pytest.raises(sessionlog.SessionPathError):
         sessionlog.repository(f"sqlite:///{bogus}")
     assert bogus.read_bytes() == b"this is not a database" * 100
+
+
+def test_a_third_party_repository_scheme_registers_through_the_hook(tmp_path: Path) -> None:
+    from sessionlog.plugins.hookspecs import hookimpl
+    from sessionlog.plugins.registry import Registry, plugin_manager
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def register_repositories(register: Any) -> None:
+            register("mine", lambda rest, **options: ("mine", rest, options))
+
+    registry = Registry(plugin_manager(plugins=[Plugin()]))
+    assert sessionlog.repository("mine://x/y", registry=registry, flag=1) == ("mine", "x/y", {"flag": 1})
+    with pytest.raises(ValueError, match="registered: file, mine, sqlite"):
+        sessionlog.repository("nope://x", registry=registry)

@@ -34,3 +34,10 @@ def register_backends(register: Register) -> None:
     `factory(path, *, create: bytes | None, **options)` opens the session at `path`, or creates
     it atomically holding the header line `create`; sync backends return a `SyncBackend`, async
     ones are coroutines returning an `AsyncBackend`. `info` is a `BackendInfo`."""
+
+
+@hookspec
+def register_repositories(register: Callable[[str, Callable[..., Any]], None]) -> None:
+    """Call `register(scheme, factory)` once per kind of repository this plugin provides:
+    `sessionlog.repository("scheme://rest", **options)` calls `factory(rest, **options)`. A
+    location without `://` is a directory (`file`)."""

@@ -18,6 +18,7 @@ from ..core.store import BackendInfo
 from . import hookspecs
 
 BUILTIN_PLUGINS = (
+    "sessionlog.repositories.builtin",
     "sessionlog.backends.jsonl",
     "sessionlog.backends.jsonl_fsync",
     "sessionlog.backends.jsonl_async",
@@ -55,7 +56,9 @@ class Registry(Mapping[str, BackendInfo]):
     def __init__(self, manager: pluggy.PluginManager) -> None:
         self._factories: dict[str, Callable[..., Any]] = {}
         self._infos: dict[str, BackendInfo] = {}
+        self._repositories: dict[str, Callable[..., Any]] = {}
         manager.hook.register_backends(register=self._register)
+        manager.hook.register_repositories(register=self._register_repository)
 
     def _register(self, name: str, factory: Callable[..., Any], info: BackendInfo) -> None:
         if name in self._infos:
@@ -64,6 +67,19 @@ class Registry(Mapping[str, BackendInfo]):
             raise ValueError(f"backend {name!r} registered with info named {info.name!r}")
         self._factories[name] = factory
         self._infos[name] = info
+
+    def _register_repository(self, scheme: str, factory: Callable[..., Any]) -> None:
+        if scheme in self._repositories:
+            raise ValueError(f"repository scheme {scheme!r} is registered twice")
+        self._repositories[scheme] = factory
+
+    def repository_factory(self, scheme: str) -> Callable[..., Any]:
+        """The opener of `scheme://` repositories; ValueError naming the schemes there are."""
+        try:
+            return self._repositories[scheme]
+        except KeyError:
+            known = ", ".join(sorted(self._repositories)) or "none"
+            raise ValueError(f"no repository for {scheme}:// locations; registered: {known}") from None
 
     def factory(self, name: str) -> Callable[..., Any]:
         try:

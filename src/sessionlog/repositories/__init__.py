@@ -15,24 +15,29 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..plugins.registry import Registry, default_registry
 from .directory import DirectoryRepository
 from .info import Filters, SessionInfo
-from .sqlite import SQLiteRepository
 
 __all__ = ["DirectoryRepository", "Filters", "SQLiteRepository", "SessionInfo", "repository"]
 
 
-def repository(location: str | os.PathLike[str], **options: Any) -> DirectoryRepository | SQLiteRepository:
-    """The repository at `location`: a directory path (or a `file://` URL) holding one session
-    file per session (`backend=` names the file backend, default `jsonl-fsync`), or
-    `sqlite:///path.db`, one SQLite file holding many sessions (`durability=` `power`, the
-    default, or `process`)."""
+def __getattr__(name: str) -> Any:
+    if name == "SQLiteRepository":  # sqlite3 only for those who use it
+        from .sqlite import SQLiteRepository
+
+        return SQLiteRepository
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def repository(location: str | os.PathLike[str], *, registry: Registry | None = None, **options: Any) -> Any:
+    """The repository at `location`: a directory path (or `file://` URL) holding one session
+    file per session (`backend=` names the file backend, default `jsonl-fsync`); `sqlite:///path.db`,
+    one SQLite file holding many sessions (`durability=` `power`, the default, or `process`); or
+    a scheme a plugin registered (`register_repositories`)."""
     text = os.fspath(location)
-    if "://" not in text:
-        return DirectoryRepository(text, **options)
-    scheme, _, rest = text.partition("://")
-    if scheme == "file":
-        return DirectoryRepository(rest, **options)
-    if scheme == "sqlite":
-        return SQLiteRepository(rest, **options)
-    raise ValueError(f"no repository for {scheme}:// URLs in this build (a directory or sqlite:/// works)")
+    scheme, separator, rest = text.partition("://")
+    if not separator:
+        scheme, rest = "file", text
+    registry = registry if registry is not None else default_registry()
+    return registry.repository_factory(scheme)(rest, **options)

@@ -1,0 +1,27 @@
+"""The built-in repositories, registered through the same hook as a third party's: `file` (a
+directory: also any location without `://`) and `sqlite`. Imported with the registry, so the
+openers import their modules (and sqlite3) only when a repository is opened."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..plugins.hookspecs import hookimpl
+
+
+def open_directory(location: str, **options: Any) -> Any:
+    from .directory import DirectoryRepository
+
+    return DirectoryRepository(location, **options)
+
+
+def open_sqlite(location: str, **options: Any) -> Any:
+    from .sqlite import SQLiteRepository
+
+    return SQLiteRepository(location, **options)
+
+
+@hookimpl
+def register_repositories(register: Any) -> None:
+    register("file", open_directory)
+    register("sqlite", open_sqlite)
