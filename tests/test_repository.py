@@ -15,6 +15,7 @@ import pytest
 import sessionlog
 from sessionlog.core import facts as F
 from sessionlog.repositories import directory as directory_module
+from sessionlog.testing.repository_suite import RepositoryContract
 from sessionlog.testing.sessions import READ_SNAPSHOT
 
 HEADER: dict[str, Any] = {"provider": "openrouter", "model": "test/model", "cwd": "/w"}
@@ -28,34 +29,18 @@ def _repository(kind: str, where: Path) -> Any:
     return sessionlog.repository(f"sqlite:///{where / 'sessions.db'}")
 
 
+class TestDirectoryRepository(RepositoryContract):
+    pass
+
+
+class TestSQLiteRepository(RepositoryContract):
+    def location(self, where: Path) -> str:
+        where.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{where / 'sessions.db'}"
+
+
 def _user(text: str) -> list[dict[str, Any]]:
     return F.accept_prompt(text)
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_create_list_load_export_and_labels(kind: str, tmp_path: Path) -> None:
-    with _repository(kind, tmp_path / "repo") as repo:
-        with repo.create(**HEADER, labels=["b", "a"]) as store:
-            store.commit(_user("Fix the failing build in CI, please"))
-            first = store.load().session_id
-        with repo.create(**HEADER) as store:
-            second = store.load().session_id
-        rows = repo.list()
-        assert {row.session_id for row in rows} == {first, second}
-        one = next(row for row in rows if row.session_id == first)
-        assert one.title == "Fix the failing build in CI, please" and one.labels == ("a", "b")
-        assert one.status == "needs-recovery"  # a run is open and nobody holds the session
-        assert repo.list(labels=["a"]) == [one]
-        assert repo.load(first).last_seq == 2
-        assert sessionlog.reduce_bytes(repo.export(first)) == repo.load(first)
-        assert [row.session_id for row in repo.unfinished()] == [first]
-        with repo.open(first):
-            assert repo.list(status="running")[0].session_id == first  # a live writer holds it
-            assert repo.unfinished() == []
-            with pytest.raises(sessionlog.SessionLockedError):
-                repo.open(first)
-        repo.label(second, ["x"])
-        assert repo.latest(labels=["x"]).session_id == second  # type: ignore[union-attr]
 
 
 def test_listing_reduces_only_what_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -108,46 +93,6 @@ def test_paging_newest_first(tmp_path: Path) -> None:
     repo.close()
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_fork_import_delete(kind: str, tmp_path: Path) -> None:
-    repo = _repository(kind, tmp_path / "a")
-    with repo.create(**HEADER) as store:
-        store.commit(_user("first"))
-        _grow(store)
-        source = store.load().session_id
-    forked = repo.fork(source, 2)
-    state = repo.load(forked)
-    assert state.session_id == forked and state.last_seq == 2 and state.step is None
-    with pytest.raises(ValueError, match="does not end a transaction"):
-        repo.fork(source, 1)
-    other = _repository(kind, tmp_path / "b")
-    assert other.import_(repo.export(source)) == source
-    assert other.load(source) == repo.load(source)
-    with pytest.raises(sessionlog.SessionExistsError):
-        other.import_(repo.export(source))
-    with pytest.raises(sessionlog.CorruptionError):
-        other.import_(repo.export(source)[:-5] + b"xxxx\n")
-    with repo.open(source), pytest.raises(sessionlog.SessionLockedError):
-        repo.delete(source)
-    repo.delete(source)
-    assert {row.session_id for row in repo.list()} == {forked}
-    with pytest.raises(sessionlog.SessionNotFoundError):
-        repo.delete(source)
-    repo.close()
-    other.close()
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_session_id_is_never_a_path(kind: str, tmp_path: Path) -> None:
-    repo = _repository(kind, tmp_path)
-    for bad in ("../etc/passwd", "x", "", "0" * 36):
-        with pytest.raises(ValueError, match="not a session id"):
-            repo.open(bad)
-    (tmp_path / "notes.txt").write_text("not a session")
-    assert repo.list() == []
-    repo.close()
-
-
 def test_a_corrupt_session_is_listed_as_such(tmp_path: Path) -> None:
     repo = sessionlog.repository(tmp_path)
     with repo.create(**HEADER) as store:
@@ -156,38 +101,6 @@ def test_a_corrupt_session_is_listed_as_such(tmp_path: Path) -> None:
         file.write(b"not json\n")
     (row,) = repo.list()
     assert row.status == "corrupt" and "MALFORMED_JSON" in (row.error or "")
-    repo.close()
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_writer_in_another_process_is_seen(kind: str, tmp_path: Path) -> None:
-    repo = _repository(kind, tmp_path)
-    with repo.create(**HEADER) as store:
-        store.commit(_user("long task"))
-        session_id = store.load().session_id
-    location = str(tmp_path) if kind == "directory" else f"sqlite:///{tmp_path / 'sessions.db'}"
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, sessionlog; s = sessionlog.repository(sys.argv[1]).open(sys.argv[2]); "
-            "print('held', flush=True); sys.stdin.read()",
-            location,
-            session_id,
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        (row,) = repo.list()
-        assert row.status == "running" and row.writer
-        with pytest.raises(sessionlog.SessionLockedError):
-            repo.open(session_id)
-    finally:
-        holder.communicate("", timeout=30)
-    assert repo.unfinished()[0].session_id == session_id
     repo.close()
 
 
