@@ -20,6 +20,7 @@ import sessionlog
 from sessionlog.testing.agent_kills import run_agent_kills
 from sessionlog.testing.crash import Stream, run_kills, verify_log
 from sessionlog.testing.operations import OPERATIONS, run_operation_kills
+from sessionlog.testing.repository_kills import run_repository_kills
 
 SOAK = os.environ.get("SESSIONLOG_SOAK") == "1"
 KILLS = 2_000 if SOAK else 200
@@ -135,3 +136,15 @@ def test_kill9_of_the_runtime_loop_never_runs_bash_twice_nor_out_of_order(tmp_pa
     )
     assert report.failures == []
     assert report.kills == KILLS and report.rounds > 0 and report.bash_runs > 0
+
+
+@pytest.mark.parametrize("durability", ["power", "process"])
+def test_kill9_of_a_sqlite_repository_writer_loses_nothing(durability: str, tmp_path: Path) -> None:
+    location = f"sqlite:///{tmp_path / 'sessions.db'}?durability={durability}"
+    report = run_repository_kills(location, KILLS)
+    print(
+        f"\nsqlite ({durability}): {report.kills} kills, {report.acknowledged} acknowledged, "
+        f"{report.lost} lost"
+    )
+    assert report.failures == [] and report.lost == 0
+    assert report.kills == KILLS and report.acknowledged > 0

@@ -16,9 +16,13 @@ def open_directory(location: str, **options: Any) -> Any:
 
 
 def open_sqlite(location: str, **options: Any) -> Any:
+    """`sqlite:///path.db` (`?durability=process` for the process class, as `durability=`)."""
+    from urllib.parse import parse_qsl
+
     from .sqlite import SQLiteRepository
 
-    return SQLiteRepository(location, **options)
+    path, _, query = location.partition("?")
+    return SQLiteRepository(path, **{**dict(parse_qsl(query, strict_parsing=bool(query))), **options})
 
 
 @hookimpl

@@ -1,0 +1,123 @@
+"""kill -9 of a process committing to a session of a repository (SQLite or a directory).
+
+A child opens the repository, opens (or creates) its session and commits numbered user messages
+as fast as it can, printing each number once its commit returned. The parent SIGKILLs it at a
+random moment, then checks: the repository opens, the session reads back as exactly the
+messages 0..N-1 in order (no gap, no duplicate), N is at least every number acknowledged, and
+the next child opens the session (taking over the dead writer's hold) and goes on.
+
+    python -m sessionlog.testing.repository_kills run sqlite:///tmp/x.db --kills 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import sessionlog
+
+
+@dataclass
+class RepositoryKillReport:
+    kills: int = 0
+    acknowledged: int = 0
+    committed: int = 0
+    lost: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and self.lost == 0
+
+
+def child_main(location: str) -> None:
+    repo = sessionlog.repository(location)
+    rows = repo.list(limit=1)
+    if rows:
+        store = repo.open(rows[0].session_id)
+    else:
+        store = repo.create(provider="p", model="m", cwd="/kill")
+    done = len(store.load().transcript)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    while True:
+        store.commit([sessionlog.core.facts.user_message(f"m{done}")])
+        sys.stdout.write(f"{done}\n")
+        sys.stdout.flush()
+        done += 1
+
+
+def run_repository_kills(
+    location: str, kills: int = 200, *, seed: int = 0, max_wait: float = 0.05
+) -> RepositoryKillReport:
+    """SIGKILL `kills` children committing to one session of the repository at `location`."""
+    report = RepositoryKillReport()
+    rng = random.Random(f"repository-kills:{seed}")
+    while report.kills < kills:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "sessionlog.testing.repository_kills", "child", location],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert child.stdout is not None
+        if child.stdout.readline().strip() != b"ready":
+            _, error = child.communicate()
+            report.failures.append(f"a child did not start: {error.decode()[-500:]}")
+            return report
+        time.sleep(rng.uniform(0, max_wait))
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signal.SIGKILL)
+        out, _ = child.communicate()
+        report.kills += 1
+        acknowledged = [int(line) for line in out.split()]
+        repo = sessionlog.repository(location)
+        try:
+            (row,) = repo.list(limit=None)
+            contents = [message["content"] for message in repo.load(row.session_id).transcript]
+        except Exception as error:  # a failure to report, whatever it is
+            report.failures.append(f"kill {report.kills}: the repository does not read back: {error!r}")
+            return report
+        finally:
+            repo.close()
+        if contents != [f"m{index}" for index in range(len(contents))]:
+            report.failures.append(f"kill {report.kills}: the messages are not 0..N-1 in order")
+        if acknowledged and acknowledged[-1] >= len(contents):
+            report.lost += acknowledged[-1] + 1 - len(contents)
+        report.acknowledged += len(acknowledged)
+        report.committed = len(contents)
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m sessionlog.testing.repository_kills", description=__doc__.split("\n")[0]
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    child = commands.add_parser("child", help="commit until killed (used by the harness)")
+    child.add_argument("location")
+    run = commands.add_parser("run", help="kill committing children and check the session")
+    run.add_argument("location")
+    run.add_argument("--kills", type=int, default=200)
+    args = parser.parse_args(argv)
+    if args.command == "child":
+        child_main(args.location)
+        return 0
+    report = run_repository_kills(args.location, args.kills)
+    print(
+        f"{report.kills} kills, {report.acknowledged} acknowledged, {report.committed} committed, "
+        f"{report.lost} lost: {'ok' if report.ok else 'FAILED'}"
+    )
+    for failure in report.failures[:10]:
+        print("  ", failure)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
