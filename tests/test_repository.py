@@ -165,3 +165,48 @@ def test_a_third_party_repository_scheme_registers_through_the_hook(tmp_path: Pa
     assert sessionlog.repository("mine://x/y", registry=registry, flag=1) == ("mine", "x/y", {"flag": 1})
     with pytest.raises(ValueError, match="registered: file, mine, sqlite"):
         sessionlog.repository("nope://x", registry=registry)
+
+
+def test_sqlite_refuses_another_applications_database_and_changes_nothing(tmp_path: Path) -> None:
+    import sqlite3
+
+    foreign = tmp_path / "app.db"
+    connection = sqlite3.connect(foreign)
+    connection.execute("create table sessions (id integer primary key, user text)")
+    connection.execute("insert into sessions (user) values ('alice')")
+    connection.commit()
+    connection.close()
+    before = foreign.read_bytes()
+    with pytest.raises(sessionlog.SessionPathError, match="another application"):
+        sessionlog.repository(f"sqlite:///{foreign}")
+    assert foreign.read_bytes() == before and sorted(item.name for item in tmp_path.iterdir()) == ["app.db"]
+
+
+def test_sqlite_in_a_missing_directory_is_a_typed_error(tmp_path: Path) -> None:
+    with pytest.raises(sessionlog.SessionPathError):
+        sessionlog.repository(f"sqlite:///{tmp_path / 'missing' / 'sessions.db'}")
+
+
+def test_sqlite_on_a_full_disk_poisons_the_store_and_keeps_what_was_acknowledged(tmp_path: Path) -> None:
+    from sessionlog.testing.faults import mount_tiny_tmpfs, unmount
+
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    why = mount_tiny_tmpfs(folder, "256k")
+    if why is not None:
+        pytest.skip(f"no small filesystem to fill: {why}")
+    try:
+        repo = sessionlog.repository(f"sqlite:///{folder / 'sessions.db'}")
+        store = repo.create(**HEADER)
+        acknowledged = 0
+        with pytest.raises(sessionlog.StorePoisonedError):
+            for index in range(100_000):
+                store.commit([F.user_message(f"{index} " + "x" * 2000)])
+                acknowledged += 1
+        assert acknowledged > 0 and store.poisoned
+        session_id = repo.list()[0].session_id
+        store.close()
+        assert len(repo.load(session_id).transcript) >= acknowledged
+        repo.close()
+    finally:
+        unmount(folder)

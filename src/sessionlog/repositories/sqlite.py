@@ -129,11 +129,22 @@ class SQLiteRepository:
 
     def connect(self) -> sqlite3.Connection:
         """A connection with this repository's settings; SessionPathError for a file that is not
-        a database this repository can use."""
+        a database this repository can use (checked before anything is written to it)."""
         try:
             connection = sqlite3.connect(
                 self.path, isolation_level=None, timeout=0.05, check_same_thread=False
             )
+            tables = {
+                row[0] for row in connection.execute("select name from sqlite_master where type = 'table'")
+            }
+            if tables and "schema_version" not in tables:
+                connection.close()
+                raise SessionPathError(
+                    0,
+                    f"{self.path} is another application's SQLite database (tables {sorted(tables)[:5]}); "
+                    "it was not changed",
+                    str(self.path),
+                )
             connection.execute("pragma journal_mode=wal")
             connection.execute(f"pragma synchronous={self._synchronous}")
             connection.execute("pragma foreign_keys=on")
