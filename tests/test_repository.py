@@ -210,3 +210,37 @@ def test_sqlite_on_a_full_disk_poisons_the_store_and_keeps_what_was_acknowledged
         repo.close()
     finally:
         unmount(folder)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_cli_on_a_repository(kind: str, tmp_path: Path, cli: Any) -> None:
+    repo = _repository(kind, tmp_path / "repo")
+    location = (
+        str(tmp_path / "repo") if kind == "directory" else f"sqlite:///{tmp_path / 'repo' / 'sessions.db'}"
+    )
+    with repo.create(**HEADER, labels=["ops"]) as store:
+        store.commit(_user("Deploy \x1b[2Kthe thing"))
+        session_id = store.load().session_id
+    run = cli("ls", location)
+    assert run.code == 0 and session_id in run.out and "needs-recovery" in run.out and "\x1b" not in run.out
+    assert cli("ls", location, "--json").json()[0]["labels"] == ["ops"]
+    assert cli("ls", location, "--status", "idle").out.strip() == "no sessions"
+    name = f"{location}#{session_id}"
+    assert cli("verify", name).code == 0
+    assert cli("inspect", name, "--json").json()["lastSeq"] == 2
+    exported = tmp_path / "exported.jsonl"
+    assert cli("export", name, "-o", exported).code == 0
+    assert exported.read_bytes() == repo.export(session_id)
+    assert cli("export", name, "-o", exported).code == 2  # never overwrites
+    other = tmp_path / "other"
+    assert cli("import", other, exported).code == 0
+    assert sessionlog.repository(other).load(session_id) == repo.load(session_id)
+    run = cli("fork", name, "--at", "2")
+    assert run.code == 0 and "forked" in run.out
+    assert cli("fork", name, "--at", "1").code == 2
+    with repo.open(session_id):
+        assert cli("rm", name).code == 3
+    assert cli("rm", name).code == 0 and len(repo.list()) == 1
+    assert cli("rm", name).code == 2
+    assert cli("ls", "nope://x").code == 2
+    repo.close()

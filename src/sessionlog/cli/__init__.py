@@ -9,6 +9,14 @@
     sessionlog recover FILE --current CONFIG.json [--backend NAME] [--dry-run] [--json]
     sessionlog abort FILE --current CONFIG.json [--phase {model,tool,compact}] [--backend NAME] [--json]
     sessionlog convert SRC DST --to BACKEND [--backend NAME]
+    sessionlog ls LOCATION [--status S] [--label L] [--limit N] [--json]
+    sessionlog export LOCATION#SESSION_ID [-o FILE]
+    sessionlog import LOCATION FILE [--label L]
+    sessionlog fork LOCATION#SESSION_ID --at SEQ
+    sessionlog rm LOCATION#SESSION_ID
+
+A session inside a repository (a directory, or `sqlite:///path.db`) is `LOCATION#SESSION_ID`;
+the read-only commands (inspect, verify, reduce, plan) take that too.
 
 Every command that reads a session also takes `--progress {auto,always,never}` (stderr; rich
 when installed, plain text otherwise; `auto`: large sessions on a terminal).
@@ -51,6 +59,7 @@ from ..core.errors import (
     ValidationError,
 )
 from ..plugins.registry import Registry, default_registry
+from . import repos
 from .convert import cmd_convert
 from .look import cmd_backends, cmd_inspect, cmd_reduce, cmd_verify
 from .output import PROG, one_line, say_error
@@ -160,10 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("dst", metavar="DST", help="the new session (must not exist)")
     sub.add_argument("--to", required=True, metavar="BACKEND", help="the backend of DST")
     common(sub)
+    repos.add_commands(commands)
     return parser
 
 
 COMMANDS = {
+    **repos.COMMANDS,
     "backends": cmd_backends,
     "inspect": cmd_inspect,
     "verify": cmd_verify,
@@ -206,6 +217,9 @@ def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None)
     except _BAD_SESSION as error:
         say_error(args.command, _message(error))
         return 1
+    except ValueError as error:  # a bad argument the library refused (a seq, a session id)
+        say_error(args.command, _message(error))
+        return EXIT_USAGE
     except SessionLockedError as error:
         say_error(args.command, f"{_message(error)}; nothing was changed (try again when it is closed)")
         return EXIT_IN_USE

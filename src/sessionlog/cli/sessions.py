@@ -18,6 +18,7 @@ from ..core.errors import (
 from ..core.framing import NUL_WINDOW, lines, parse_line
 from ..core.loading import reduce_bytes
 from ..core.planner import check_current
+from ..core.reducer import is_uuid7
 from ..core.state import SessionState
 from ..plugins.registry import Registry
 from .output import Progress, status
@@ -36,6 +37,13 @@ class Mismatch(SessionLogError):
 def read_session(path: str, backend: str, registry: Registry) -> bytes:
     """The stored bytes of a session, read-only: the file itself for the built-in file backends,
     otherwise the backend's own read path (opened, read, closed; never truncated)."""
+    if in_repository(path):
+        location, session_id = path.rsplit("#", 1)
+        repository = open_repository(location, registry)
+        try:
+            return bytes(repository.export(session_id))
+        finally:
+            repository.close()
     info = registry.info(backend)
     if info.plain_file:  # the session is the file: read it directly, without opening a writer
         return read_session_file(path)
@@ -55,6 +63,21 @@ def read_session(path: str, backend: str, registry: Registry) -> bytes:
             await opened.close()
 
     return asyncio.run(read_async())
+
+
+def in_repository(path: str) -> bool:
+    """`LOCATION#SESSION_ID` names a session in a repository (a directory or `sqlite:///...`)."""
+    location, separator, session_id = path.rpartition("#")
+    return bool(separator and location and is_uuid7(session_id))
+
+
+def open_repository(location: str, registry: Registry) -> Any:
+    from ..repositories import repository
+
+    try:
+        return repository(location, registry=registry)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def read_rule(registry: Registry, backend: str) -> dict[str, Any]:

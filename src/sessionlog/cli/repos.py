@@ -1,0 +1,131 @@
+"""Commands on repositories: `ls`, `export`, `import`, `fork`, `rm`. A session inside a
+repository is named `LOCATION#SESSION_ID` (a directory or `sqlite:///path.db`, then its id),
+which the other commands accept too."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..backends.jsonl_file import read_session_file
+from ..maintenance import write_into_place
+from ..plugins.registry import Registry
+from .describe import created_text
+from .output import out, out_json
+from .sessions import UsageError, in_repository, open_repository
+
+
+def _session(name: str) -> tuple[str, str]:
+    if not in_repository(name):
+        raise UsageError(f"{name}: not LOCATION#SESSION_ID (a repository, then a session id)")
+    location, session_id = name.rsplit("#", 1)
+    return location, session_id
+
+
+def cmd_ls(args: argparse.Namespace, registry: Registry) -> int:
+    repository = open_repository(args.location, registry)
+    try:
+        rows = repository.list(status=args.status or None, labels=args.label, limit=args.limit)
+    finally:
+        repository.close()
+    if args.json:
+        out_json([_row(info) for info in rows])
+        return 0
+    for info in rows:
+        labels = f" [{', '.join(info.labels)}]" if info.labels else ""
+        out(
+            f"{info.session_id}  {info.status:<14} {created_text(info.updated_at)}  seq {info.last_seq:<6} "
+            f"{info.title or ''}{labels}"
+        )
+    if not rows:
+        out("no sessions")
+    return 0
+
+
+def _row(info: Any) -> dict[str, Any]:
+    row = {key: getattr(info, key) for key in info.__dataclass_fields__}
+    row["usage"] = info.usage.to_json()
+    row["labels"] = list(info.labels)
+    return row
+
+
+def cmd_export(args: argparse.Namespace, registry: Registry) -> int:
+    location, session_id = _session(args.session)
+    repository = open_repository(location, registry)
+    try:
+        data = repository.export(session_id)
+    finally:
+        repository.close()
+    if args.output:
+        write_into_place(Path(args.output), data)  # never overwrites; complete or absent
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    return 0
+
+
+def cmd_import(args: argparse.Namespace, registry: Registry) -> int:
+    data = read_session_file(args.file)
+    repository = open_repository(args.location, registry)
+    try:
+        session_id = repository.import_(data, labels=args.label)
+    finally:
+        repository.close()
+    out(f"imported {args.file} as {args.location}#{session_id}")
+    return 0
+
+
+def cmd_fork(args: argparse.Namespace, registry: Registry) -> int:
+    location, session_id = _session(args.session)
+    repository = open_repository(location, registry)
+    try:
+        forked = repository.fork(session_id, args.at)
+    finally:
+        repository.close()
+    out(f"forked {args.session} at seq {args.at} as {location}#{forked}")
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace, registry: Registry) -> int:
+    location, session_id = _session(args.session)
+    repository = open_repository(location, registry)
+    try:
+        repository.delete(session_id)
+    finally:
+        repository.close()
+    out(f"removed {args.session}")
+    return 0
+
+
+def add_commands(commands: Any) -> None:
+    """The repository commands, on the main parser's subcommands."""
+    sub = commands.add_parser("ls", help="list the sessions of a repository, newest first")
+    sub.add_argument("location", metavar="LOCATION", help="a directory, or sqlite:///path.db")
+    sub.add_argument(
+        "--status",
+        action="append",
+        choices=("idle", "running", "needs-recovery", "corrupt"),
+        help="only these",
+    )
+    sub.add_argument("--label", action="append", default=[], help="only sessions with this label")
+    sub.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    sub.add_argument("--json", action="store_true", help="as JSON")
+    sub = commands.add_parser("export", help="the canonical JSONL of a session in a repository")
+    sub.add_argument("session", metavar="LOCATION#SESSION_ID")
+    sub.add_argument(
+        "-o", "--output", metavar="FILE", help="write it here (must not exist) instead of stdout"
+    )
+    sub = commands.add_parser("import", help="store a JSONL session in a repository (validated first)")
+    sub.add_argument("location", metavar="LOCATION")
+    sub.add_argument("file", metavar="FILE")
+    sub.add_argument("--label", action="append", default=[], help="a label for it")
+    sub = commands.add_parser("fork", help="a new session holding a session's transactions through a seq")
+    sub.add_argument("session", metavar="LOCATION#SESSION_ID")
+    sub.add_argument("--at", type=int, required=True, metavar="SEQ", help="the last seq to keep")
+    sub = commands.add_parser("rm", help="remove a session and its summary (refused while a writer holds it)")
+    sub.add_argument("session", metavar="LOCATION#SESSION_ID")
+
+
+COMMANDS = {"ls": cmd_ls, "export": cmd_export, "import": cmd_import, "fork": cmd_fork, "rm": cmd_rm}
