@@ -47,6 +47,7 @@ from .tools import Configuration, Tool, Tools
 
 if TYPE_CHECKING:
     from .core.async_store import AsyncSessionStore
+    from .repositories.aio import repository_async
     from .runtime_async import AsyncAttempt, AsyncRun, AsyncSession, AsyncToolCall
 
 
@@ -56,6 +57,10 @@ def __getattr__(name: str) -> Any:
         from .core.async_store import AsyncSessionStore
 
         return AsyncSessionStore
+    if name == "repository_async":
+        from .repositories.aio import repository_async
+
+        return repository_async
     if name in ("AsyncSession", "AsyncRun", "AsyncAttempt", "AsyncToolCall"):
         from . import runtime_async
 
@@ -115,6 +120,7 @@ __all__ = [
     "recover_async",
     "reduce_bytes",
     "repository",
+    "repository_async",
     "schema",
     "source_digest",
     "start_step_facts",

@@ -43,7 +43,9 @@ class Index:
     def __init__(self, directory: Path) -> None:
         import sqlite3  # only for repositories, not for `import sessionlog`
 
-        self._connection = sqlite3.connect(directory / INDEX_NAME, isolation_level=None, timeout=5.0)
+        self._connection = sqlite3.connect(
+            directory / INDEX_NAME, isolation_level=None, timeout=5.0, check_same_thread=False
+        )
         self._connection.execute("pragma journal_mode=wal")
         self._connection.executescript(_SCHEMA)
 

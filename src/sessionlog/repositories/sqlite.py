@@ -28,7 +28,7 @@ import random
 import socket
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -197,19 +197,10 @@ class SQLiteRepository:
 
     # -- one session -----------------------------------------------------------------------------
 
-    def create(
-        self,
-        *,
-        provider: str,
-        model: str,
-        cwd: str | None = None,
-        environment_identity: str | None = None,
-        labels: Iterable[str] = (),
-    ) -> SessionStore:
-        session_id = new_id()
-        header = _header(provider, model, cwd, environment_identity, session_id)
-        self._insert(session_id, [header], _labels(labels))
-        return self.open(session_id)
+    def create(self, **header: Any) -> SessionStore:
+        """A new session (`provider`, `model`, `cwd`, `environment_identity`, `labels`), open for
+        writing."""
+        return self.open(self.create_row(**header))
 
     def _insert(self, session_id: str, lines: builtins.list[bytes], labels: builtins.list[str]) -> None:
         data = b"".join(lines)
@@ -240,28 +231,51 @@ class SQLiteRepository:
 
     def open(self, session_id: str) -> SessionStore:
         """The session for writing; SessionLockedError while a live writer holds it."""
-        session_id = self._id(session_id)
         connection = self.connect()
         try:
-            with self.transaction(connection):
-                row = connection.execute(
-                    "select writer, writer_epoch from sessions where session_id = ?", (session_id,)
-                ).fetchone()
-                if row is None:
-                    raise SessionNotFoundError(0, f"no session {session_id} in {self.path}", str(self.path))
-                holder, epoch = row
-                if holder is not None and _alive(holder):
-                    raise SessionLockedError(f"session {session_id} in {self.path} is held by {holder}")
-                epoch += 1
-                connection.execute(
-                    "update sessions set writer = ?, writer_epoch = ? where session_id = ?",
-                    (_me(), epoch, session_id),
-                )
-            backend = SQLiteSession(self, connection, session_id, epoch)
+            backend = SQLiteSession(self, connection, session_id, self.claim(session_id, connection))
         except BaseException:
             connection.close()
             raise
-        return SessionStore.open_backend(backend, Path(f"{self.path}#{session_id}"), self.info)
+        return SessionStore.open_backend(backend, self.store_path(session_id), self.info)
+
+    def store_path(self, session_id: str) -> Path:
+        """What a store of this session calls itself in messages: `DATABASE#SESSION_ID`."""
+        return Path(f"{self.path}#{session_id}")
+
+    def claim(self, session_id: str, connection: sqlite3.Connection | None = None) -> int:
+        """Hold the session for a writer (SessionLockedError while a live writer holds it); the
+        new writer epoch, which every commit of this writer checks."""
+        session_id = self._id(session_id)
+        with self.transaction(connection) as open_connection:
+            row = open_connection.execute(
+                "select writer, writer_epoch from sessions where session_id = ?", (session_id,)
+            ).fetchone()
+            if row is None:
+                raise SessionNotFoundError(0, f"no session {session_id} in {self.path}", str(self.path))
+            holder, epoch = row
+            if holder is not None and _alive(holder):
+                raise SessionLockedError(f"session {session_id} in {self.path} is held by {holder}")
+            open_connection.execute(
+                "update sessions set writer = ?, writer_epoch = ? where session_id = ?",
+                (_me(), epoch + 1, session_id),
+            )
+        return int(epoch) + 1
+
+    def create_row(
+        self,
+        *,
+        provider: str,
+        model: str,
+        cwd: str | None = None,
+        environment_identity: str | None = None,
+        labels: Iterable[str] = (),
+    ) -> str:
+        """A new session's rows (its header line); its id."""
+        session_id = new_id()
+        header = _header(provider, model, cwd, environment_identity, session_id)
+        self._insert(session_id, [header], _labels(labels))
+        return session_id
 
     def read(self, session_id: str, connection: sqlite3.Connection | None = None) -> bytes:
         rows = (
@@ -377,92 +391,121 @@ def _labels(labels: Iterable[str]) -> builtins.list[str]:
     return found
 
 
-class SQLiteSession:
-    """One session of a SQLite repository as a store's backend: it moves bytes (rows) and keeps
-    the summary row in the same transaction. Fenced (SessionChangedError, nothing written) when
-    another writer took the session over."""
+class SessionRows:
+    """Where one writer's session stands (its last line, bytes and summary), and how to write
+    lines after it inside a transaction the caller opened. Fenced (SessionChangedError, nothing
+    written) when another writer took the session over."""
 
-    def __init__(
-        self, repository: SQLiteRepository, connection: sqlite3.Connection, session_id: str, epoch: int
-    ) -> None:
+    def __init__(self, repository: SQLiteRepository, session_id: str, epoch: int) -> None:
         self.repository = repository
-        self.connection = connection
         self.session_id = session_id
         self.epoch = epoch
         self.head_line = 0
         self.head_bytes = 0
         self.summary: dict[str, Any] = {}
 
-    def read(self) -> bytes:
-        data = self.repository.read(self.session_id, self.connection)
+    def load(self, connection: sqlite3.Connection) -> bytes:
+        data = self.repository.read(self.session_id, connection)
         self.head_line, self.head_bytes = data.count(b"\n"), len(data)
-        row = self.connection.execute("select summary from sessions where session_id = ?", (self.session_id,))
+        row = connection.execute("select summary from sessions where session_id = ?", (self.session_id,))
         self.summary = json.loads(row.fetchone()[0])
         return data
+
+    def write(
+        self, connection: sqlite3.Connection, lines: Sequence[bytes]
+    ) -> tuple[int, int, dict[str, Any]]:
+        """Update the summary row (only if this writer still holds the session at the head it
+        knows) and insert `lines`; the new (head line, head bytes, summary), to `advance` to
+        once the transaction committed."""
+        summary = self.summary
+        for line in lines:
+            summary = summary_after(summary, line)
+        head_line, head_bytes = self.head_line + len(lines), self.head_bytes + sum(map(len, lines))
+        changed = connection.execute(
+            "update sessions set head_line = ?, head_bytes = ?, updated_at = ?, summary = ? "
+            "where session_id = ? and writer_epoch = ? and head_line = ?",
+            (
+                head_line,
+                head_bytes,
+                time.time_ns() // 1_000_000,
+                json.dumps(summary),
+                self.session_id,
+                self.epoch,
+                self.head_line,
+            ),
+        ).rowcount
+        if not changed:
+            raise SessionChangedError(
+                f"{self.repository.path}: session {self.session_id} was taken over by another writer "
+                "(fenced); nothing was written"
+            )
+        connection.executemany(
+            "insert into lines values (?, ?, ?)",
+            [(self.session_id, self.head_line + number, line) for number, line in enumerate(lines, 1)],
+        )
+        return head_line, head_bytes, summary
+
+    def advance(self, written: tuple[int, int, dict[str, Any]]) -> None:
+        self.head_line, self.head_bytes, self.summary = written
+
+    def release(self, connection: sqlite3.Connection) -> None:
+        """Give up the hold (if it is still this writer's)."""
+        with (
+            contextlib.suppress(sqlite3.Error, SessionLockedError),
+            self.repository.transaction(connection) as open_connection,
+        ):
+            open_connection.execute(
+                "update sessions set writer = null where session_id = ? and writer_epoch = ?",
+                (self.session_id, self.epoch),
+            )
+
+
+def summary_after(summary: dict[str, Any], line: bytes) -> dict[str, Any]:
+    """The summary row once `line` is committed (it was validated: its facts are sound)."""
+    summary = dict(summary)
+    value = orjson.loads(line)
+    for fact in value if type(value) is list else [value]:
+        summary["last_seq"] = fact["seq"]
+        kind = fact["kind"]
+        if kind == "usage":
+            counts = fact["usage"]
+            summary["usage"] = [
+                total + counts[key]
+                for total, key in zip(
+                    summary["usage"], ("input", "output", "cacheRead", "cacheWrite"), strict=True
+                )
+            ]
+        elif kind == "record" and fact["record"]["type"] in ("runStarted", "compactionStarted"):
+            summary["idle"] = False
+        elif kind == "record" and fact["record"]["type"] == "operationFinished":
+            summary["idle"] = True
+        elif kind == "entry" and summary["title"] is None:
+            message = fact["entry"].get("message") or {}
+            if message.get("role") == "user" and isinstance(message.get("content"), str):
+                summary["title"] = " ".join(message["content"].split())[:80]
+    return summary
+
+
+class SQLiteSession(SessionRows):
+    """One session of a SQLite repository as a sync store's backend: one transaction a commit."""
+
+    def __init__(
+        self, repository: SQLiteRepository, connection: sqlite3.Connection, session_id: str, epoch: int
+    ) -> None:
+        super().__init__(repository, session_id, epoch)
+        self.connection = connection
+
+    def read(self) -> bytes:
+        return self.load(self.connection)
 
     def truncate(self, length: int) -> None:  # rows hold whole lines: there is never a torn tail
         raise OSError(f"{self.repository.path}: a SQLite session has no torn tail to cut")
 
     def append(self, line: bytes) -> None:
-        summary = self._summary_after(line)
         with self.repository.transaction(self.connection) as connection:
-            changed = connection.execute(
-                "update sessions set head_line = ?, head_bytes = ?, updated_at = ?, summary = ? "
-                "where session_id = ? and writer_epoch = ? and head_line = ?",
-                (
-                    self.head_line + 1,
-                    self.head_bytes + len(line),
-                    time.time_ns() // 1_000_000,
-                    json.dumps(summary),
-                    self.session_id,
-                    self.epoch,
-                    self.head_line,
-                ),
-            ).rowcount
-            if not changed:
-                raise SessionChangedError(
-                    f"{self.repository.path}: session {self.session_id} was taken over by another writer "
-                    "(fenced); nothing was written"
-                )
-            connection.execute(
-                "insert into lines values (?, ?, ?)", (self.session_id, self.head_line + 1, line)
-            )
-        self.head_line += 1
-        self.head_bytes += len(line)
-        self.summary = summary
-
-    def _summary_after(self, line: bytes) -> dict[str, Any]:
-        """The summary row once `line` is committed (it was validated: its facts are sound)."""
-        summary = dict(self.summary)
-        value = orjson.loads(line)
-        for fact in value if type(value) is list else [value]:
-            summary["last_seq"] = fact["seq"]
-            kind = fact["kind"]
-            if kind == "usage":
-                counts = fact["usage"]
-                summary["usage"] = [
-                    total + counts[key]
-                    for total, key in zip(
-                        summary["usage"], ("input", "output", "cacheRead", "cacheWrite"), strict=True
-                    )
-                ]
-            elif kind == "record" and fact["record"]["type"] in ("runStarted", "compactionStarted"):
-                summary["idle"] = False
-            elif kind == "record" and fact["record"]["type"] == "operationFinished":
-                summary["idle"] = True
-            elif kind == "entry" and summary["title"] is None:
-                message = fact["entry"].get("message") or {}
-                if message.get("role") == "user" and isinstance(message.get("content"), str):
-                    summary["title"] = " ".join(message["content"].split())[:80]
-        return summary
+            written = self.write(connection, [line])
+        self.advance(written)
 
     def close(self) -> None:
-        with (
-            contextlib.suppress(sqlite3.Error, SessionLockedError),
-            self.repository.transaction(self.connection) as connection,
-        ):
-            connection.execute(
-                "update sessions set writer = null where session_id = ? and writer_epoch = ?",
-                (self.session_id, self.epoch),
-            )
+        self.release(self.connection)
         self.connection.close()

@@ -1,0 +1,235 @@
+"""Repositories for asyncio: `await sessionlog.repository_async(location)` has the methods of
+`repository(location)`, awaited; `create` and `open` give `AsyncSessionStore`s.
+
+Everything but the commits runs on one worker thread per repository (its connection is used by
+that thread only). Commits:
+
+* a directory's sessions are `jsonl-group` files (or `jsonl-async` for a `jsonl` repository):
+  group commit per session, as `open_async` gives them;
+* a SQLite repository funnels the commits of **all** its sessions through one writer thread
+  (`BatchWriter`): every batch queued while the previous transaction was being written goes
+  into one SQLite transaction, so one sync covers many sessions; each session's batch is in a
+  savepoint, so one that is fenced fails alone, never its neighbours. A commit is acknowledged
+  only after the transaction holding it committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import concurrent.futures
+import functools
+import queue
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..core.async_store import AsyncSessionStore
+from ..core.errors import SessionChangedError
+from ..core.state import SessionState
+from ..opening import create_async, open_async
+from .directory import DirectoryRepository
+from .info import SessionInfo
+from .sqlite import SessionRows, SQLiteRepository
+
+_T = TypeVar("_T")
+_ASYNC_TWIN = {"jsonl-fsync": "jsonl-group", "jsonl": "jsonl-async"}
+
+
+class AsyncRepository:
+    """The methods every async repository shares: the sync repository's, on its own thread."""
+
+    def __init__(self, sync: Any) -> None:
+        self.sync = sync
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sessionlog-repository")
+
+    async def _call(self, function: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(function, *args, **kwargs))
+
+    async def load(self, session_id: str) -> SessionState:
+        return await self._call(self.sync.load, session_id)
+
+    async def export(self, session_id: str) -> bytes:
+        return await self._call(self.sync.export, session_id)
+
+    async def import_(self, data: bytes, **options: Any) -> str:
+        return await self._call(self.sync.import_, data, **options)
+
+    async def fork(self, session_id: str, at_seq: int) -> str:
+        return await self._call(self.sync.fork, session_id, at_seq)
+
+    async def delete(self, session_id: str) -> None:
+        await self._call(self.sync.delete, session_id)
+
+    async def label(self, session_id: str, labels: Any) -> None:
+        await self._call(self.sync.label, session_id, labels)
+
+    async def list(self, **filters: Any) -> builtins.list[SessionInfo]:
+        return await self._call(self.sync.list, **filters)
+
+    async def latest(self, **filters: Any) -> SessionInfo | None:
+        return await self._call(self.sync.latest, **filters)
+
+    async def unfinished(self) -> builtins.list[SessionInfo]:
+        return await self._call(self.sync.unfinished)
+
+    async def close(self) -> None:
+        await self._call(self.sync.close)
+        self._executor.shutdown()
+
+    async def __aenter__(self) -> AsyncRepository:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncDirectoryRepository(AsyncRepository):
+    sync: DirectoryRepository
+
+    def __init__(self, sync: DirectoryRepository) -> None:
+        super().__init__(sync)
+        self.backend = _ASYNC_TWIN.get(sync.backend, sync.backend)
+
+    async def create(self, **header: Any) -> AsyncSessionStore:
+        labels = header.pop("labels", ())
+        from ..core.ids import new_id
+
+        session_id = new_id()
+        store = await create_async(
+            self.sync.path(session_id),
+            self.backend,
+            session_id=session_id,
+            registry=self.sync.registry,
+            **header,
+        )
+        if labels:
+            await self._call(self.sync.label, session_id, labels)
+        return store
+
+    async def open(self, session_id: str, **options: Any) -> AsyncSessionStore:
+        return await open_async(
+            self.sync.path(session_id), self.backend, registry=self.sync.registry, **options
+        )
+
+
+class AsyncSQLiteRepository(AsyncRepository):
+    sync: SQLiteRepository
+
+    def __init__(self, sync: SQLiteRepository) -> None:
+        super().__init__(sync)
+        self.writer = BatchWriter(sync)
+
+    async def create(self, **header: Any) -> AsyncSessionStore:
+        return await self.open(await self._call(self.sync.create_row, **header))
+
+    async def open(self, session_id: str) -> AsyncSessionStore:
+        epoch = await self._call(self.sync.claim, session_id)
+        session = AsyncSQLiteSession(self, session_id, epoch)
+        return await AsyncSessionStore.open_backend(session, self.sync.store_path(session_id), self.sync.info)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.writer.close)
+        await super().close()
+
+
+class AsyncSQLiteSession(SessionRows):
+    """One session of an async SQLite repository: an `AsyncBackend` whose batches go through the
+    repository's `BatchWriter`."""
+
+    def __init__(self, owner: AsyncSQLiteRepository, session_id: str, epoch: int) -> None:
+        super().__init__(owner.sync, session_id, epoch)
+        self.owner = owner
+
+    async def read(self) -> bytes:
+        return await self.owner._call(self.load, self.owner.sync._connection)
+
+    async def truncate(self, length: int) -> None:
+        raise OSError(f"{self.repository.path}: a SQLite session has no torn tail to cut")
+
+    async def append_batch(self, lines: list[bytes]) -> None:
+        await asyncio.wrap_future(self.owner.writer.submit(self, lines))
+
+    async def close(self) -> None:
+        await self.owner._call(self.release, self.owner.sync._connection)
+
+
+_Batch = tuple[SessionRows, list[bytes], "concurrent.futures.Future[None]"]
+
+
+class BatchWriter:
+    """One thread with its own connection: the batches of every session queued meanwhile go into
+    one transaction, each in a savepoint (a fenced one is rolled back alone)."""
+
+    def __init__(self, repository: SQLiteRepository) -> None:
+        self.repository = repository
+        self._queue: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
+        self._connection = repository.connect()
+        self._thread = threading.Thread(target=self._run, name="sessionlog-sqlite-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, rows: SessionRows, lines: list[bytes]) -> concurrent.futures.Future[None]:
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._queue.put((rows, lines, future))
+        return future
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        self._connection.close()
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is None:
+                break
+            batch = [first]
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stopping = True
+                    break
+                batch.append(item)
+            self._write(batch)
+
+    def _write(self, batch: list[_Batch]) -> None:
+        outcomes: list[tuple[SessionRows, concurrent.futures.Future[None], Any]] = []
+        try:
+            with self.repository.transaction(self._connection) as connection:
+                for rows, lines, future in batch:
+                    connection.execute("savepoint batch")
+                    try:
+                        written: Any = rows.write(connection, lines)
+                    except SessionChangedError as error:
+                        connection.execute("rollback to batch")
+                        written = error
+                    connection.execute("release batch")
+                    outcomes.append((rows, future, written))
+        except BaseException as error:  # the transaction failed: none of it was committed
+            for _, _, future in batch:
+                future.set_exception(error)
+            return
+        for rows, future, written in outcomes:
+            if isinstance(written, BaseException):
+                future.set_exception(written)
+            else:
+                rows.advance(written)
+                future.set_result(None)
+
+
+async def repository_async(location: str | Path, **options: Any) -> AsyncRepository:
+    """The async twin of `sessionlog.repository` (a directory or `sqlite:///...`)."""
+    from . import repository
+
+    sync = await asyncio.to_thread(functools.partial(repository, location, **options))
+    if isinstance(sync, DirectoryRepository):
+        return AsyncDirectoryRepository(sync)
+    if isinstance(sync, SQLiteRepository):
+        return AsyncSQLiteRepository(sync)
+    raise TypeError(f"no async twin for {type(sync).__name__} repositories")

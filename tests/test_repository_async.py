@@ -1,0 +1,106 @@
+"""The async repositories: the same methods awaited; SQLite commits of many sessions share one
+transaction (one writer thread), a fenced session fails alone."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sessionlog
+from sessionlog.core import facts as F
+
+HEADER: dict[str, Any] = {"provider": "openrouter", "model": "test/model", "cwd": "/w"}
+
+
+def _location(kind: str, where: Path) -> str:
+    where.mkdir(parents=True, exist_ok=True)
+    return str(where / "repo") if kind == "directory" else f"sqlite:///{where / 'sessions.db'}"
+
+
+@pytest.mark.parametrize("kind", ["directory", "sqlite"])
+def test_the_async_twin_has_the_same_methods(kind: str, tmp_path: Path) -> None:
+    async def main() -> None:
+        repo = await sessionlog.repository_async(_location(kind, tmp_path))
+        store = await repo.create(**HEADER, labels=["a"])
+        await store.commit(F.accept_prompt("async task"))
+        session_id = (await store.load()).session_id
+        (row,) = await repo.list()
+        assert row.status == "running" and row.labels == ("a",) and row.title == "async task"
+        with pytest.raises(sessionlog.SessionLockedError):
+            await repo.open(session_id)
+        await store.close()
+        assert [info.session_id for info in await repo.unfinished()] == [session_id]
+        assert (await repo.load(session_id)).last_seq == 2
+        forked = await repo.fork(session_id, 2)
+        assert (await repo.latest(labels=[])) is not None
+        exported = await repo.export(session_id)
+        await repo.delete(session_id)
+        assert await repo.import_(exported) == session_id
+        assert {info.session_id for info in await repo.list()} == {session_id, forked}
+        again = await repo.open(session_id)
+        await again.commit([F.user_message("more")])
+        await again.close()
+        await repo.close()
+
+    asyncio.run(main())
+
+
+def test_sqlite_commits_of_many_sessions_share_transactions_and_all_land(tmp_path: Path) -> None:
+    sessions, commits = 32, 20
+
+    async def main() -> None:
+        repo = await sessionlog.repository_async(_location("sqlite", tmp_path))
+        stores = [await repo.create(**HEADER) for _ in range(sessions)]
+
+        async def writer(store: Any, number: int) -> None:
+            for index in range(commits):
+                await store.commit([F.user_message(f"s{number} m{index}")])
+
+        transactions = []
+        real = repo.writer._write
+
+        def counting(batch: list[Any]) -> None:
+            transactions.append(len(batch))
+            real(batch)
+
+        repo.writer._write = counting  # type: ignore[method-assign]
+        await asyncio.gather(*(writer(store, number) for number, store in enumerate(stores)))
+        assert sum(transactions) == sessions * commits
+        assert len(transactions) < sessions * commits  # batches of several sessions shared one
+        for number, store in enumerate(stores):
+            state = await repo.load((await store.load()).session_id)
+            assert [m["content"] for m in state.transcript] == [f"s{number} m{i}" for i in range(commits)]
+            await store.close()
+        await repo.close()
+
+    asyncio.run(main())
+
+
+def test_sqlite_a_fenced_session_fails_alone_in_a_shared_transaction(tmp_path: Path) -> None:
+    async def main() -> None:
+        repo = await sessionlog.repository_async(_location("sqlite", tmp_path))
+        fenced = await repo.create(**HEADER)
+        neighbour = await repo.create(**HEADER)
+        fenced_id = (await fenced.load()).session_id
+        with repo.sync.transaction() as connection:  # another writer took `fenced` over
+            connection.execute(
+                "update sessions set writer = null, writer_epoch = writer_epoch + 1 where session_id = ?",
+                (fenced_id,),
+            )
+        results = await asyncio.gather(
+            fenced.commit([F.user_message("lost hold")]),
+            neighbour.commit([F.user_message("fine")]),
+            return_exceptions=True,
+        )
+        assert isinstance(results[0], sessionlog.StorePoisonedError) and "fenced" in str(results[0])
+        assert not isinstance(results[1], BaseException)
+        assert (await repo.load(fenced_id)).last_seq == 0
+        assert (await neighbour.load()).last_seq == 1
+        await fenced.close()
+        await neighbour.close()
+        await repo.close()
+
+    asyncio.run(main())
