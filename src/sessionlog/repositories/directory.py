@@ -34,7 +34,7 @@ from ..maintenance import write_into_place
 from ..opening import create, open
 from ..plugins.registry import Registry, default_registry
 from .index import Index, signature
-from .info import Filters, SessionInfo, info_of, page
+from .info import Candidate, Filters, SessionInfo, page
 
 SUFFIX = ".jsonl"
 
@@ -60,6 +60,7 @@ class DirectoryRepository:
         if not self.directory.is_dir():
             raise SessionPathError(errno.ENOTDIR, f"not a directory: {self.directory}", str(self.directory))
         self._index = Index(self.directory)
+        self._cached: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] | None = None
 
     def __repr__(self) -> str:
         return f"<DirectoryRepository {self.directory} ({self.backend})>"
@@ -174,6 +175,8 @@ class DirectoryRepository:
         except FileNotFoundError:
             raise SessionNotFoundError(errno.ENOENT, f"no session {session_id} here", str(path)) from None
         self._index.forget(session_id)
+        if self._cached is not None:
+            self._cached.pop(session_id, None)
 
     def label(self, session_id: str, labels: Iterable[str]) -> None:
         """Set the caller's labels of a session (replacing its earlier ones)."""
@@ -189,7 +192,8 @@ class DirectoryRepository:
         """Sessions newest first (by last write), filtered (`Filters`), at most `limit`, after
         `cursor` (the `cursor` of the last row of the previous page)."""
         wanted = Filters(**filters)
-        return page(self._infos(), wanted)
+        candidates = sorted(self._candidates(), key=lambda candidate: candidate.key, reverse=True)
+        return page(candidates, wanted)
 
     def latest(self, **filters: Any) -> SessionInfo | None:
         found = self.list(**{**filters, "limit": 1})
@@ -199,11 +203,14 @@ class DirectoryRepository:
         """Sessions with an unfinished run or compaction and no live writer: to recover."""
         return self.list(status="needs-recovery", limit=None)
 
-    def _infos(self) -> builtins.list[SessionInfo]:
-        """Every session's summary, reducing only the files that changed since the index saw them."""
-        cached = self._index.cached()
+    def _candidates(self) -> builtins.list[Candidate]:
+        """Every session's summary, reducing only the files that changed since the index saw them
+        (the index is read once per repository object, then kept in memory)."""
+        if self._cached is None:
+            self._cached = self._index.cached()
+        cached = self._cached
         labels = self._index.labels()
-        fresh, infos = [], []
+        fresh, candidates = [], []
         present = set()
         for entry in os.scandir(self.directory):
             name = entry.name
@@ -222,20 +229,18 @@ class DirectoryRepository:
             if known is not None and known[0] == mark:
                 summary = known[1]
             else:
-                summary = self._summarize(Path(entry.path), status)
+                summary = {**self._summarize(Path(entry.path), status), "session_id": session_id}
                 fresh.append((session_id, mark, summary))
-            path = Path(entry.path)
-            infos.append(
-                info_of(
-                    {**summary, "session_id": session_id},
-                    labels.get(session_id, ()),
-                    functools.partial(_held, path),
-                )
+                cached[session_id] = (mark, summary)
+            candidates.append(
+                Candidate(summary, labels.get(session_id, ()), functools.partial(_held, entry.path))
             )
         gone = [session_id for session_id in cached if session_id not in present]
+        for session_id in gone:
+            del cached[session_id]
         if fresh or gone:
             self._index.store(fresh, gone)
-        return infos
+        return candidates
 
     def _summarize(self, path: Path, status: os.stat_result) -> dict[str, Any]:
         try:
@@ -271,7 +276,7 @@ def summary_of(state: SessionState, data: bytes, updated_at: int) -> dict[str, A
     }
 
 
-def _held(path: Path) -> bool:
+def _held(path: str | Path) -> bool:
     """Whether a live writer holds the session's lock (the lock is taken by default)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)

@@ -80,20 +80,44 @@ class Filters:
                 raise ValueError(f"not a cursor of this listing: {self.cursor!r:.80}")
 
 
-def page(infos: list[SessionInfo], wanted: Filters) -> list[SessionInfo]:
+@dataclass(frozen=True)
+class Candidate:
+    """A session before it is listed: its summary (with `session_id` and `updated_at`), its labels,
+    and how to ask whether a writer holds it (asked only of unfinished sessions that are listed)."""
+
+    summary: dict[str, Any]
+    labels: tuple[str, ...]
+    held: Callable[[], bool]
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (self.summary["updated_at"], self.summary["session_id"])
+
+
+def page(candidates: Iterable[Candidate], wanted: Filters) -> list[SessionInfo]:
+    """The rows of one page from candidates sorted newest first: filters, cursor, limit; a
+    writer probe only for the unfinished sessions that get that far."""
     statuses = {wanted.status} if isinstance(wanted.status, str) else set(wanted.status or ())
     labels = set(wanted.labels)
-    rows = [
-        info
-        for info in infos
-        if (not statuses or info.status in statuses)
-        and (wanted.updated_after is None or info.updated_at > wanted.updated_after)
-        and (wanted.updated_before is None or info.updated_at < wanted.updated_before)
-        and labels <= set(info.labels)
-    ]
-    rows.sort(key=lambda info: (info.updated_at, info.session_id), reverse=True)
+    after: tuple[int, str] | None = None
     if wanted.cursor is not None:
         updated, _, session_id = wanted.cursor.partition(":")
         after = (int(updated), session_id)
-        rows = [info for info in rows if (info.updated_at, info.session_id) < after]
-    return rows if wanted.limit is None else rows[: wanted.limit]
+    rows: list[SessionInfo] = []
+    for candidate in candidates:
+        updated_at = candidate.summary["updated_at"]
+        if wanted.updated_after is not None and updated_at <= wanted.updated_after:
+            break  # newest first: everything after is older still
+        if wanted.updated_before is not None and updated_at >= wanted.updated_before:
+            continue
+        if after is not None and candidate.key >= after:
+            continue
+        if not labels <= set(candidate.labels):
+            continue
+        info = info_of(candidate.summary, candidate.labels, candidate.held)
+        if statuses and info.status not in statuses:
+            continue
+        rows.append(info)
+        if wanted.limit is not None and len(rows) >= wanted.limit:
+            break
+    return rows
