@@ -49,7 +49,8 @@ def one_session(directory: Path, commits: int, rounds: int) -> dict[str, float]:
     bare = sqlite3.connect(directory / "one.db", isolation_level=None)
     bare.execute("pragma synchronous=full")
     bare.execute(
-        "create table if not exists bare (session_id text, line_no integer, line blob, primary key (session_id, line_no)) without rowid"
+        "create table if not exists bare (session_id text, line_no integer, line blob, "
+        "primary key (session_id, line_no)) without rowid"
     )
     times: dict[str, list[float]] = {"store": [], "bare": []}
     number = 0
