@@ -272,3 +272,31 @@ def test_create_with_exist_ok_opens_the_session_that_is_there(tmp_path: Path) ->
         sessionlog.create(path, "jsonl", **HEADER)
     with sessionlog.create(path, "jsonl", exist_ok=True, **HEADER) as store:
         assert store.load().last_seq == 1
+
+
+@pytest.mark.parametrize("kind", ["directory", "sqlite"])
+def test_a_repository_gives_the_runtime_session_open_or_new(kind: str, tmp_path: Path) -> None:
+    location = str(tmp_path / "repo") if kind == "directory" else f"sqlite:///{tmp_path / 's.db'}"
+    effects = Effects()
+    with sessionlog.repository(location) as repo:
+        session = repo.session(tools=effects.tools(), model="test/model", labels=["demo"])
+        run = session.start("do it")
+        run.attempt()  # ... and the process dies with the request in flight
+        session_id = session.state.session_id
+        session.store.close()
+        (unfinished,) = repo.unfinished()
+        assert unfinished.session_id == session_id and unfinished.labels == ("demo",)
+        again = repo.session(session_id, tools=effects.tools(), model="test/model")
+        resumed = again.resume()
+        assert resumed is not None and resumed.needs_model and resumed.attempt().number == 2
+        again.store.close()
+
+    async def async_twin() -> None:
+        repo = await sessionlog.repository_async(location)
+        session = await repo.session(tools=effects.tools(), model="test/model")
+        run = await session.start("async")
+        assert await run.needs_model()
+        await session.store.close()
+        await repo.close()
+
+    asyncio.run(async_twin())

@@ -29,6 +29,7 @@ from ..core.async_store import AsyncSessionStore
 from ..core.errors import SessionChangedError
 from ..core.state import SessionState
 from ..opening import create_async, open_async
+from .base import AsyncRepositoryBase
 from .directory import DirectoryRepository
 from .info import SessionInfo
 from .sqlite import SessionRows, SQLiteRepository
@@ -37,7 +38,7 @@ _T = TypeVar("_T")
 _ASYNC_TWIN = {"jsonl-fsync": "jsonl-group", "jsonl": "jsonl-async"}
 
 
-class AsyncRepository:
+class AsyncRepository(AsyncRepositoryBase):
     """The methods every async repository shares: the sync repository's, on its own thread."""
 
     def __init__(self, sync: Any) -> None:

@@ -33,13 +33,14 @@ from ..core.store import SessionStore
 from ..maintenance import write_into_place
 from ..opening import create, open
 from ..plugins.registry import Registry, default_registry
+from .base import RepositoryBase
 from .index import Index, signature
 from .info import Candidate, Filters, SessionInfo, page
 
 SUFFIX = ".jsonl"
 
 
-class DirectoryRepository:
+class DirectoryRepository(RepositoryBase):
     """Sessions as files in `directory` (made if missing). `backend`: a sync file backend."""
 
     def __init__(

@@ -48,6 +48,7 @@ from ..core.reducer import is_uuid7
 from ..core.state import SessionState
 from ..core.store import BackendInfo, SessionStore
 from ..opening import _header
+from .base import RepositoryBase
 from .info import Candidate, Filters, SessionInfo, page
 
 SCHEMA_VERSION = 1
@@ -103,7 +104,7 @@ def _alive(holder: str) -> bool:
     return True
 
 
-class SQLiteRepository:
+class SQLiteRepository(RepositoryBase):
     """Sessions in one SQLite file (made if missing). `durability`: `power` or `process`."""
 
     def __init__(
