@@ -4,7 +4,8 @@ A child opens the repository, opens (or creates) its session and commits numbere
 as fast as it can, printing each number once its commit returned. The parent SIGKILLs it at a
 random moment, then checks: the repository opens, the session reads back as exactly the
 messages 0..N-1 in order (no gap, no duplicate), N is at least every number acknowledged, and
-the next child opens the session (taking over the dead writer's hold) and goes on.
+the next child opens the session (taking over the dead writer's hold) and goes on; past 2,000
+lines the session is deleted once checked and the next child starts a new one.
 
     python -m sessionlog.testing.repository_kills run sqlite:///tmp/x.db --kills 200
 """
@@ -22,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import sessionlog
+
+_ROTATE = 2000  # lines: a longer session is checked, then deleted, so that each check stays short
 
 
 @dataclass
@@ -60,6 +63,7 @@ def run_repository_kills(
     """SIGKILL `kills` children committing to one session of the repository at `location`."""
     report = RepositoryKillReport()
     rng = random.Random(f"repository-kills:{seed}")
+    committed_before = 0
     while report.kills < kills:
         child = subprocess.Popen(
             [sys.executable, "-m", "sessionlog.testing.repository_kills", "child", location],
@@ -81,17 +85,21 @@ def run_repository_kills(
         try:
             (row,) = repo.list(limit=None)
             contents = [message["content"] for message in repo.load(row.session_id).transcript]
+            if contents != [f"m{index}" for index in range(len(contents))]:
+                report.failures.append(f"kill {report.kills}: the messages are not 0..N-1 in order")
+            if acknowledged and acknowledged[-1] >= len(contents):
+                report.lost += acknowledged[-1] + 1 - len(contents)
+            report.acknowledged += len(acknowledged)
+            report.committed += len(contents) - committed_before
+            committed_before = len(contents)
+            if len(contents) > _ROTATE:  # checked: the next child starts a new session
+                repo.delete(row.session_id)
+                committed_before = 0
         except Exception as error:  # a failure to report, whatever it is
             report.failures.append(f"kill {report.kills}: the repository does not read back: {error!r}")
             return report
         finally:
             repo.close()
-        if contents != [f"m{index}" for index in range(len(contents))]:
-            report.failures.append(f"kill {report.kills}: the messages are not 0..N-1 in order")
-        if acknowledged and acknowledged[-1] >= len(contents):
-            report.lost += acknowledged[-1] + 1 - len(contents)
-        report.acknowledged += len(acknowledged)
-        report.committed = len(contents)
     return report
 
 
