@@ -1,9 +1,17 @@
-"""What every repository offers on top of its own methods: the runtime's session, open or new."""
+"""What every repository shares: the runtime's session (open or new), forking a session's bytes,
+and checking labels."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ..core.commit import encode_header
+from ..core.framing import lines
+from ..core.ids import new_id
+from ..core.loading import reduce_bytes
 
 if TYPE_CHECKING:
     from ..runtime import Session
@@ -55,3 +63,38 @@ class AsyncRepositoryBase:
         else:
             store = await self.open(session_id)  # type: ignore[attr-defined]
         return AsyncSession(store, tools=tools, model=model, **options)
+
+
+def fork_bytes(data: bytes, session_id: str, at_seq: int) -> tuple[str, bytes]:
+    """A new session's id and bytes: the committed `data` of `session_id` through seq `at_seq`
+    (which must end a transaction) under a new header. The facts keep their ids."""
+    header_end = data.index(b"\n") + 1
+    end = header_end
+    for _, offset, raw in lines(data, len(data)):
+        if offset == 0:
+            continue  # the header
+        value = orjson.loads(raw)
+        if (value[-1] if type(value) is list else value)["seq"] > at_seq:
+            break
+        end = offset + len(raw) + 1
+    if reduce_bytes(data[:end]).last_seq != at_seq:
+        raise ValueError(f"seq {at_seq} does not end a transaction of {session_id}")
+    header = orjson.loads(data[: header_end - 1])
+    forked = new_id()
+    new_header = encode_header(
+        session_id=forked,
+        cwd=header["cwd"],
+        provider=header["provider"],
+        model=header["model"],
+        environment_identity=header["environmentIdentity"],
+    )
+    return forked, new_header + data[header_end:end]
+
+
+def checked_labels(labels: Iterable[str]) -> list[str]:
+    """A caller's labels, sorted and unique; ValueError for one that is not a short string."""
+    found = sorted(set(labels))
+    for label in found:
+        if type(label) is not str or not label or len(label) > 200:
+            raise ValueError(f"a label is a non-empty string of at most 200 characters, not {label!r:.60}")
+    return found

@@ -19,12 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from ..backends.jsonl_file import read_session_file
-from ..core.commit import encode_header
 from ..core.errors import SessionExistsError, SessionLockedError, SessionNotFoundError, SessionPathError
-from ..core.framing import lines
 from ..core.ids import new_id
 from ..core.loading import reduce_bytes
 from ..core.reducer import is_uuid7
@@ -33,7 +29,7 @@ from ..core.store import SessionStore
 from ..maintenance import write_into_place
 from ..opening import create, open
 from ..plugins.registry import Registry, default_registry
-from .base import RepositoryBase
+from .base import RepositoryBase, checked_labels, fork_bytes
 from .index import Index, signature
 from .info import Candidate, Filters, SessionInfo, page
 
@@ -107,7 +103,7 @@ class DirectoryRepository(RepositoryBase):
             **options,
         )
         if labels:
-            self._index.set_labels(session_id, _labels(labels))
+            self._index.set_labels(session_id, checked_labels(labels))
         return store
 
     def open(self, session_id: str, **options: Any) -> SessionStore:
@@ -136,34 +132,14 @@ class DirectoryRepository(RepositoryBase):
                 errno.EEXIST, f"session {state.session_id} is already here", str(path)
             ) from None
         if labels:
-            self._index.set_labels(state.session_id, _labels(labels))
+            self._index.set_labels(state.session_id, checked_labels(labels))
         return state.session_id
 
     def fork(self, session_id: str, at_seq: int) -> str:
         """A new session holding the transactions of `session_id` through seq `at_seq` (which
         must end a transaction); its id. The facts keep their ids; the header gets a new one."""
-        data = self.export(session_id)
-        header_end = data.index(b"\n") + 1
-        header = orjson.loads(data[: header_end - 1])
-        end = header_end
-        for _, offset, raw in lines(data, len(data)):
-            if offset == 0:
-                continue  # the header
-            value = orjson.loads(raw)
-            if (value[-1] if type(value) is list else value)["seq"] > at_seq:
-                break
-            end = offset + len(raw) + 1
-        if reduce_bytes(data[:end]).last_seq != at_seq:
-            raise ValueError(f"seq {at_seq} does not end a transaction of {session_id}")
-        forked = new_id()
-        new_header = encode_header(
-            session_id=forked,
-            cwd=header["cwd"],
-            provider=header["provider"],
-            model=header["model"],
-            environment_identity=header["environmentIdentity"],
-        )
-        write_into_place(self.path(forked), new_header + data[header_end:end])
+        forked, data = fork_bytes(self.export(session_id), session_id, at_seq)
+        write_into_place(self.path(forked), data)
         return forked
 
     def delete(self, session_id: str) -> None:
@@ -185,7 +161,7 @@ class DirectoryRepository(RepositoryBase):
             raise SessionNotFoundError(
                 errno.ENOENT, f"no session {session_id} here", str(self.path(session_id))
             )
-        self._index.set_labels(session_id, _labels(labels))
+        self._index.set_labels(session_id, checked_labels(labels))
 
     # -- many sessions -------------------------------------------------------------------------
 
@@ -292,14 +268,6 @@ def _held(path: str | Path) -> bool:
     finally:
         os.close(fd)  # also releases the probe's lock at once
     return False
-
-
-def _labels(labels: Iterable[str]) -> list[str]:
-    found = sorted(set(labels))
-    for label in found:
-        if type(label) is not str or not label or len(label) > 200:
-            raise ValueError(f"a label is a non-empty string of at most 200 characters, not {label!r:.60}")
-    return found
 
 
 __all__ = ["DirectoryRepository", "summary_of"]

@@ -34,7 +34,6 @@ from typing import Any, Literal
 
 import orjson
 
-from ..core.commit import encode_header
 from ..core.errors import (
     SessionChangedError,
     SessionExistsError,
@@ -48,7 +47,7 @@ from ..core.reducer import is_uuid7
 from ..core.state import SessionState
 from ..core.store import BackendInfo, SessionStore
 from ..opening import _header
-from .base import RepositoryBase
+from .base import RepositoryBase, checked_labels, fork_bytes
 from .info import Candidate, Filters, SessionInfo, page
 
 SCHEMA_VERSION = 1
@@ -276,7 +275,7 @@ class SQLiteRepository(RepositoryBase):
         """A new session's rows (its header line); its id."""
         session_id = new_id()
         header = _header(provider, model, cwd, environment_identity, session_id)
-        self._insert(session_id, [header], _labels(labels))
+        self._insert(session_id, [header], checked_labels(labels))
         return session_id
 
     def read(self, session_id: str, connection: sqlite3.Connection | None = None) -> bytes:
@@ -299,30 +298,12 @@ class SQLiteRepository(RepositoryBase):
         state = reduce_bytes(data)
         if state.repaired_length != len(data):
             raise ValueError("an imported session ends with its last LF (this one has a torn tail)")
-        self._insert(state.session_id, data.splitlines(keepends=True), _labels(labels))
+        self._insert(state.session_id, data.splitlines(keepends=True), checked_labels(labels))
         return state.session_id
 
     def fork(self, session_id: str, at_seq: int) -> str:
-        data = self.read(session_id)
-        header_end = data.index(b"\n") + 1
-        end = header_end
-        for line in data[header_end:].splitlines(keepends=True):
-            value = orjson.loads(line)
-            if (value[-1] if type(value) is list else value)["seq"] > at_seq:
-                break
-            end += len(line)
-        if reduce_bytes(data[:end]).last_seq != at_seq:
-            raise ValueError(f"seq {at_seq} does not end a transaction of {session_id}")
-        header = orjson.loads(data[: header_end - 1])
-        forked = new_id()
-        new_header = encode_header(
-            session_id=forked,
-            cwd=header["cwd"],
-            provider=header["provider"],
-            model=header["model"],
-            environment_identity=header["environmentIdentity"],
-        )
-        self._insert(forked, [new_header, *data[header_end:end].splitlines(keepends=True)], [])
+        forked, data = fork_bytes(self.read(session_id), session_id, at_seq)
+        self._insert(forked, data.splitlines(keepends=True), [])
         return forked
 
     def delete(self, session_id: str) -> None:
@@ -341,7 +322,7 @@ class SQLiteRepository(RepositoryBase):
         with self.transaction() as connection:
             changed = connection.execute(
                 "update sessions set labels = ? where session_id = ?",
-                (json.dumps(_labels(labels)), self._id(session_id)),
+                (json.dumps(checked_labels(labels)), self._id(session_id)),
             ).rowcount
         if not changed:
             raise SessionNotFoundError(0, f"no session {session_id} in {self.path}", str(self.path))
@@ -402,14 +383,6 @@ def _summary(state: SessionState) -> dict[str, Any]:
         "title": " ".join(title.split())[:80] if isinstance(title, str) else None,
         "usage": list(state.usage),
     }
-
-
-def _labels(labels: Iterable[str]) -> builtins.list[str]:
-    found = sorted(set(labels))
-    for label in found:
-        if type(label) is not str or not label or len(label) > 200:
-            raise ValueError(f"a label is a non-empty string of at most 200 characters, not {label!r:.60}")
-    return found
 
 
 class SessionRows:
