@@ -40,6 +40,7 @@ from sessionlog.testing.faults import real_enospc, run_faults  # noqa: E402
 from sessionlog.testing.mutations import run_corpus  # noqa: E402
 from sessionlog.testing.operations import OPERATIONS, run_operation_kills  # noqa: E402
 from sessionlog.testing.powerloss import run_bit_flips, run_powerloss  # noqa: E402
+from sessionlog.testing.repository_kills import run_repository_kills  # noqa: E402
 
 
 @dataclass
@@ -128,6 +129,29 @@ def agent_loop(kills: int, directory: Path) -> tuple[Table, bool]:
         "pass" if report.ok else "FAIL: " + "; ".join(report.failures[:2]),
     )
     return [row], report.ok
+
+
+def repository_writers(kills: int, directory: Path) -> tuple[Table, bool]:
+    rows, ok = [], True
+    for durability in ("power", "process"):
+        location = f"sqlite:///{directory / f'repository-{durability}.db'}?durability={durability}"
+        report = _timed(
+            f"kill -9 of a SQLite repository writer ({durability})",
+            lambda location=location: run_repository_kills(location, kills),
+        )
+        ok = ok and report.ok
+        rows.append(
+            Row(
+                "kill -9 of a writer of a SQLite repository session",
+                "sqlite" if durability == "power" else "sqlite-normal",
+                durability,
+                f"{report.kills} kills ({report.acknowledged} acknowledged commits; each next writer "
+                "takes the dead one's hold over and appends)",
+                str(report.lost),
+                "pass" if report.ok else "FAIL: " + "; ".join(report.failures[:2]),
+            )
+        )
+    return rows, ok
 
 
 def bit_flips(names: list[str], directory: Path) -> tuple[Table, bool]:
@@ -409,6 +433,10 @@ EXPLANATION = """\
   model's order (no read after its step's bash), no accepted prompt is lost, every run finishes
   (`aborted` when the answers of both attempts of a step were lost: the documented end of a
   blocked run).
+* **kill -9 of a SQLite repository writer**: a child commits numbered messages to one session of
+  a SQLite repository and prints each number once its commit returned; after every SIGKILL the
+  session must read back as exactly the messages 0..N-1, N at least every printed number, and
+  the next child takes the dead writer's hold over and appends.
 * **power loss (simulated)**: every file operation of a workload is recorded; every prefix of
   the operations is a crash point; at each, every byte prefix of the unsynced bytes, each
   unsynced 4 KiB page zeroed, dropped (stale), zeroed to the end, or the file ending in a page
@@ -487,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
             kill9(names, kills, directory),
             operator_kills(kills // 4, directory),
             agent_loop(kills, directory),
+            repository_writers(kills, directory),
             power_loss(names, traces, directory),
             bit_flips(names, directory),
             faults(names, directory),
