@@ -4,6 +4,7 @@ session)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from sessionlog.core import facts as F
 from sessionlog.repositories import directory as directory_module
 from sessionlog.testing.repository_suite import RepositoryContract
 from sessionlog.testing.sessions import READ_SNAPSHOT
+from test_recovery import CURRENT
 
 HEADER: dict[str, Any] = {"provider": "openrouter", "model": "test/model", "cwd": "/w"}
 KINDS = ["directory", "sqlite"]
@@ -235,6 +237,15 @@ def test_the_cli_on_a_repository(kind: str, tmp_path: Path, cli: Any) -> None:
     other = tmp_path / "other"
     assert cli("import", other, exported).code == 0
     assert sessionlog.repository(other).load(session_id) == repo.load(session_id)
+    current = tmp_path / "current.json"
+    current.write_text(json.dumps(CURRENT))
+    run = cli("recover", name, "--current", current)
+    assert run.code == 0 and "plan left: startStep" in run.out
+    with repo.open(session_id):
+        assert cli("recover", name, "--current", current).code == 3  # in use
+    run = cli("abort", name, "--current", current)
+    assert run.code == 0 and "finish aborted" in run.out
+    assert repo.load(session_id).is_idle
     run = cli("fork", name, "--at", "2")
     assert run.code == 0 and "forked" in run.out
     assert cli("fork", name, "--at", "1").code == 2

@@ -16,7 +16,7 @@
     sessionlog rm LOCATION#SESSION_ID
 
 A session inside a repository (a directory, or `sqlite:///path.db`) is `LOCATION#SESSION_ID`;
-the read-only commands (inspect, verify, reduce, plan) take that too.
+the read-only commands (inspect, verify, reduce, plan) and recover and abort take that too.
 
 Every command that reads a session also takes `--progress {auto,always,never}` (stderr; rich
 when installed, plain text otherwise; `auto`: large sessions on a terminal).

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from ..core.errors import (
 )
 from ..core.planner import plan_recovery
 from ..core.state import SessionState
-from ..core.store import reduce_stored
+from ..core.store import SessionStore, reduce_stored
 from ..plugins.registry import Registry
 from ..recovery import Plan, recover, recover_async
 from ..runtime import RuntimeStateError, abort_facts
@@ -23,8 +24,10 @@ from .describe import describe_plan, seqs_text
 from .output import PROG, out, out_json, say_error
 from .sessions import (
     UsageError,
+    in_repository,
     load_current,
     load_session,
+    open_repository,
     read_rule,
     read_session,
 )
@@ -80,8 +83,8 @@ def _recover(
         if first is not None and (facts := first(memory.load())):
             on_commit({"type": "abort"}, memory.commit(facts))
         return recover(memory, current, on_commit=on_commit), memory.load().is_idle
-    if registry.info(args.backend).api == "sync":
-        with opening.open(args.file, args.backend, registry=registry) as store:
+    if in_repository(args.file) or registry.info(args.backend).api == "sync":
+        with _open_for_writing(args.file, args.backend, registry) as store:
             if first is not None and (facts := first(store.load())):
                 on_commit({"type": "abort"}, store.commit(facts))
             return recover(store, current, on_commit=on_commit), store.load().is_idle
@@ -94,6 +97,22 @@ def _recover(
             return left, (await store.load()).is_idle
 
     return asyncio.run(in_loop())
+
+
+@contextlib.contextmanager
+def _open_for_writing(name: str, backend: str, registry: Registry) -> Iterator[SessionStore]:
+    """A session for writing: a file by backend, or `LOCATION#SESSION_ID` in a repository."""
+    if not in_repository(name):
+        with opening.open(name, backend, registry=registry) as store:
+            yield store
+        return
+    location, session_id = name.rsplit("#", 1)
+    repository = open_repository(location, registry)
+    try:
+        with repository.open(session_id) as store:
+            yield store
+    finally:
+        repository.close()
 
 
 def _run_recovery(args: argparse.Namespace, registry: Registry, first: AbortFacts | None = None) -> int:

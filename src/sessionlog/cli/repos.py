@@ -1,6 +1,6 @@
 """Commands on repositories: `ls`, `export`, `import`, `fork`, `rm`. A session inside a
 repository is named `LOCATION#SESSION_ID` (a directory or `sqlite:///path.db`, then its id),
-which the other commands accept too."""
+which inspect, verify, reduce, plan, recover and abort accept too."""
 
 from __future__ import annotations
 
