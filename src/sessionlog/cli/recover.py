@@ -107,12 +107,8 @@ def _open_for_writing(name: str, backend: str, registry: Registry) -> Iterator[S
             yield store
         return
     location, session_id = name.rsplit("#", 1)
-    repository = open_repository(location, registry)
-    try:
-        with repository.open(session_id) as store:
-            yield store
-    finally:
-        repository.close()
+    with open_repository(location, registry) as repository, repository.open(session_id) as store:
+        yield store
 
 
 def _run_recovery(args: argparse.Namespace, registry: Registry, first: AbortFacts | None = None) -> int:

@@ -25,11 +25,8 @@ def _session(name: str) -> tuple[str, str]:
 
 
 def cmd_ls(args: argparse.Namespace, registry: Registry) -> int:
-    repository = open_repository(args.location, registry)
-    try:
+    with open_repository(args.location, registry) as repository:
         rows = repository.list(status=args.status or None, labels=args.label, limit=args.limit)
-    finally:
-        repository.close()
     if args.json:
         out_json([_row(info) for info in rows])
         return 0
@@ -53,11 +50,8 @@ def _row(info: Any) -> dict[str, Any]:
 
 def cmd_export(args: argparse.Namespace, registry: Registry) -> int:
     location, session_id = _session(args.session)
-    repository = open_repository(location, registry)
-    try:
+    with open_repository(location, registry) as repository:
         data = repository.export(session_id)
-    finally:
-        repository.close()
     if args.output:
         write_into_place(Path(args.output), data)  # never overwrites; complete or absent
     else:
@@ -68,33 +62,24 @@ def cmd_export(args: argparse.Namespace, registry: Registry) -> int:
 
 def cmd_import(args: argparse.Namespace, registry: Registry) -> int:
     data = read_session_file(args.file)
-    repository = open_repository(args.location, registry)
-    try:
+    with open_repository(args.location, registry) as repository:
         session_id = repository.import_(data, labels=args.label)
-    finally:
-        repository.close()
     out(f"imported {args.file} as {args.location}#{session_id}")
     return 0
 
 
 def cmd_fork(args: argparse.Namespace, registry: Registry) -> int:
     location, session_id = _session(args.session)
-    repository = open_repository(location, registry)
-    try:
+    with open_repository(location, registry) as repository:
         forked = repository.fork(session_id, args.at)
-    finally:
-        repository.close()
     out(f"forked {args.session} at seq {args.at} as {location}#{forked}")
     return 0
 
 
 def cmd_rm(args: argparse.Namespace, registry: Registry) -> int:
     location, session_id = _session(args.session)
-    repository = open_repository(location, registry)
-    try:
+    with open_repository(location, registry) as repository:
         repository.delete(session_id)
-    finally:
-        repository.close()
     out(f"removed {args.session}")
     return 0
 

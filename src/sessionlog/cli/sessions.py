@@ -39,11 +39,8 @@ def read_session(path: str, backend: str, registry: Registry) -> bytes:
     otherwise the backend's own read path (opened, read, closed; never truncated)."""
     if in_repository(path):
         location, session_id = path.rsplit("#", 1)
-        repository = open_repository(location, registry)
-        try:
+        with open_repository(location, registry) as repository:
             return bytes(repository.export(session_id))
-        finally:
-            repository.close()
     info = registry.info(backend)
     if info.plain_file:  # the session is the file: read it directly, without opening a writer
         return read_session_file(path)
