@@ -35,11 +35,12 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import sessionlog  # noqa: E402
 from sessionlog.testing.agent_kills import run_agent_kills  # noqa: E402
+from sessionlog.testing.bitflips import run_bit_flips  # noqa: E402
 from sessionlog.testing.crash import run_kills  # noqa: E402
 from sessionlog.testing.faults import real_enospc, run_faults  # noqa: E402
 from sessionlog.testing.mutations import run_corpus  # noqa: E402
 from sessionlog.testing.operations import OPERATIONS, run_operation_kills  # noqa: E402
-from sessionlog.testing.powerloss import run_bit_flips, run_powerloss  # noqa: E402
+from sessionlog.testing.powerloss import run_powerloss  # noqa: E402
 from sessionlog.testing.repository_kills import run_repository_kills  # noqa: E402
 
 

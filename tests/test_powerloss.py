@@ -19,12 +19,12 @@ import pytest
 import sessionlog
 from sessionlog import CorruptionError, reduce_bytes
 from sessionlog.core.framing import NUL_WINDOW, SECTOR, committed_length
+from sessionlog.testing.bitflips import run_bit_flips
 from sessionlog.testing.powerloss import (
     PowerLossReport,
     check_trace,
     crash_states,
     record_trace,
-    run_bit_flips,
     run_powerloss,
 )
 
