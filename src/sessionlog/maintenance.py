@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from .backends.jsonl_file import DEFAULT_OPS, JsonlFile, remove_stale_temporaries, temporary_path
 from .core.errors import CorruptionError, SessionExistsError
 from .core.framing import lines
@@ -78,8 +80,6 @@ def quarantine(path: Path, rule: dict[str, Any], *, dry_run: bool = False) -> Qu
 
 def _seqs(moved: bytes) -> tuple[int, int] | None:
     """The first and last seq of the moved lines that still parse (best effort: they are bad)."""
-    import orjson
-
     found: list[int] = []
     for _, _, raw in lines(moved, len(moved)):
         try:
@@ -141,13 +141,3 @@ def sync_file(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-__all__ = [
-    "Quarantine",
-    "link_into_place",
-    "quarantine",
-    "remove_stale_temporaries",
-    "sync_file",
-    "write_into_place",
-]
