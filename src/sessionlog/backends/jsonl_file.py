@@ -15,8 +15,9 @@ The file is the log itself: a header line, then one LF-terminated transaction pe
 * one writer per session: a claim per file per process, keyed by (device, inode), and an
   exclusive cross-process `flock`, both by default. `unsafe_no_lock=True` skips the flock (for
   filesystems without locks, at the caller's risk). Before each append one `fstat` checks that
-  the file still ends where this writer left it; if anything else grew or cut it, the append
-  raises `SessionChangedError` and writes nothing (the store poisons itself).
+  the file still ends where this writer left it and still has a name; if anything else grew,
+  cut, removed or replaced it, the append raises `SessionChangedError` and writes nothing (the
+  store poisons itself).
 * a file opened in one process is unusable in a child forked from it: the child's copy of the
   descriptor is closed at fork (so the parent's lock is not kept alive by it) and its claims
   dropped, so the child can open the session afresh; the store refuses the inherited object.
@@ -261,11 +262,15 @@ class JsonlFile:
             raise OSError(
                 errno.EBADF, f"{self.path}: the file is closed (or belongs to the parent of a fork)"
             )
-        size = self._ops.fstat(self._fd).st_size
-        if size != self._size:
+        info = self._ops.fstat(self._fd)
+        if info.st_size != self._size:
             raise SessionChangedError(
-                f"{self.path}: the file is {size} bytes, this writer left it at {self._size}: "
+                f"{self.path}: the file is {info.st_size} bytes, this writer left it at {self._size}: "
                 "something else wrote to or cut the session; nothing was written"
+            )
+        if info.st_nlink == 0:  # a commit would land in a file no name leads to
+            raise SessionChangedError(
+                f"{self.path}: the session file was removed or replaced by another; nothing was written"
             )
 
     def close(self) -> None:
