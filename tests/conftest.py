@@ -8,12 +8,19 @@ from typing import Any, TypeVar
 
 import pytest
 
+import sessionlog
+
 pytest_plugins = ["sessionlog.testing.plugin"]  # the conformance suite's fixtures (opt-in)
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "contract" / "schemas" / "session"
 FIXTURES = SHARED / "fixtures"
 PLANNER_FIXTURES = SHARED / "planner-fixtures"
 OWN_FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+# The backends whose session is a file at its path: the file harnesses (kill -9, power loss, I/O
+# faults, hostile paths) read and damage those files. The SQLite backends have their own crash
+# and full-disk tests (test_crash.py, test_repository.py), through the same database code.
+FILE_BACKENDS = [name for name, info in sessionlog.backends().items() if info.plain_file]
 
 needs_shared = pytest.mark.skipif(
     not FIXTURES.is_dir(), reason=f"the shared contract fixtures are absent ({FIXTURES})"

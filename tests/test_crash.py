@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 import sessionlog
+from conftest import FILE_BACKENDS
 from sessionlog.testing.agent_kills import run_agent_kills
 from sessionlog.testing.crash import Stream, run_kills, verify_log
 from sessionlog.testing.operations import OPERATIONS, run_operation_kills
@@ -24,7 +25,7 @@ from sessionlog.testing.repository_kills import run_repository_kills
 
 SOAK = os.environ.get("SESSIONLOG_SOAK") == "1"
 KILLS = 2_000 if SOAK else 200
-BACKENDS = list(sessionlog.backends())
+BACKENDS = FILE_BACKENDS
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -138,12 +139,13 @@ def test_kill9_of_the_runtime_loop_never_runs_bash_twice_nor_out_of_order(tmp_pa
     assert report.kills == KILLS and report.rounds > 0 and report.bash_runs > 0
 
 
+@pytest.mark.parametrize("api", ["sync", "async"])
 @pytest.mark.parametrize("durability", ["power", "process"])
-def test_kill9_of_a_sqlite_repository_writer_loses_nothing(durability: str, tmp_path: Path) -> None:
+def test_kill9_of_a_sqlite_repository_writer_loses_nothing(durability: str, api: str, tmp_path: Path) -> None:
     location = f"sqlite:///{tmp_path / 'sessions.db'}?durability={durability}"
-    report = run_repository_kills(location, KILLS)
+    report = run_repository_kills(location, KILLS, use_async=api == "async")
     print(
-        f"\nsqlite ({durability}): {report.kills} kills, {report.acknowledged} acknowledged, "
+        f"\nsqlite ({durability}, {api}): {report.kills} kills, {report.acknowledged} acknowledged, "
         f"{report.lost} lost"
     )
     assert report.failures == [] and report.lost == 0

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 import sessionlog
+from conftest import FILE_BACKENDS
 from sessionlog.testing.faults import FAULTS, FaultOps, real_enospc, run_faults
 
-BACKENDS = list(sessionlog.backends())
+BACKENDS = FILE_BACKENDS
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 
 import sessionlog
+from conftest import FILE_BACKENDS
 from sessionlog import CorruptionError, SessionExistsError, SessionPathError, ValidationError, reduce_bytes
 from sessionlog.core.framing import DEFAULT_MAX_LINE_BYTES, MAX_NESTING_DEPTH, parse_line
 from sessionlog.testing.sessions import generate_session
 
-BACKENDS = list(sessionlog.backends())
+BACKENDS = FILE_BACKENDS
 INFO = sessionlog.backends()
 HEADER = {"provider": "p", "model": "m", "cwd": "/"}
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import sessionlog
+from conftest import FILE_BACKENDS
 from sessionlog import CorruptionError, reduce_bytes
 from sessionlog.core.framing import NUL_WINDOW, SECTOR, committed_length
 from sessionlog.testing.bitflips import run_bit_flips
@@ -30,7 +31,7 @@ from sessionlog.testing.powerloss import (
 
 SOAK = os.environ.get("SESSIONLOG_SOAK") == "1"
 TRACES = 1_000 if SOAK else 100  # per backend
-BACKENDS = list(sessionlog.backends())
+BACKENDS = FILE_BACKENDS
 INFO = sessionlog.backends()
 POWER = [name for name in BACKENDS if INFO[name].durability == "power"]
 PROCESS = [name for name in BACKENDS if INFO[name].durability == "process"]

@@ -42,6 +42,7 @@ class BackendInfo:
     description: str
     group_commit: bool = False  # one write (and sync) holds several lines, at most NUL_WINDOW bytes
     plain_file: bool = False  # the session is the JSONL file at its path, byte for byte
+    opens_read_only: bool = False  # the factory takes read_only=True: read without the writer's hold
 
     def nul_rule(self) -> dict[str, Any]:
         """How this backend's log reads after a power loss (`core.loading`): in the power class the

@@ -49,6 +49,14 @@ class AsyncRepository(AsyncRepositoryBase):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(function, *args, **kwargs))
 
+    async def create(self, **header: Any) -> AsyncSessionStore:
+        """A new session (`provider`, `model`, `cwd`, `environment_identity`, `labels`), open."""
+        raise NotImplementedError
+
+    async def open(self, session_id: str) -> AsyncSessionStore:
+        """The session for writing; SessionLockedError while a live writer holds it."""
+        raise NotImplementedError
+
     async def load(self, session_id: str) -> SessionState:
         return await self._call(self.sync.load, session_id)
 
@@ -129,7 +137,9 @@ class AsyncSQLiteRepository(AsyncRepository):
     async def open(self, session_id: str) -> AsyncSessionStore:
         epoch = await self._call(self.sync.claim, session_id)
         session = AsyncSQLiteSession(self, session_id, epoch)
-        return await AsyncSessionStore.open_backend(session, self.sync.store_path(session_id), self.sync.info)
+        return await AsyncSessionStore.open_backend(
+            session, self.sync.store_path(session_id), self.sync.async_info
+        )
 
     async def close(self) -> None:
         await asyncio.to_thread(self.writer.close)
@@ -140,21 +150,27 @@ class AsyncSQLiteSession(SessionRows):
     """One session of an async SQLite repository: an `AsyncBackend` whose batches go through the
     repository's `BatchWriter`."""
 
-    def __init__(self, owner: AsyncSQLiteRepository, session_id: str, epoch: int) -> None:
+    def __init__(
+        self, owner: AsyncSQLiteRepository, session_id: str, epoch: int, *, owner_closes: bool = False
+    ) -> None:
         super().__init__(owner.sync, session_id, epoch)
         self.owner = owner
+        self.owner_closes = owner_closes  # the store owns its repository (the `sqlite-async` backend)
 
     async def read(self) -> bytes:
-        return await self.owner._call(self.load, self.owner.sync._connection)
+        return await self.owner._call(self.load, self.owner.sync.connection)
 
     async def truncate(self, length: int) -> None:
-        raise OSError(f"{self.repository.path}: a SQLite session has no torn tail to cut")
+        await self.owner._call(self.cut, self.owner.sync.connection, length)
 
     async def append_batch(self, lines: list[bytes]) -> None:
         await asyncio.wrap_future(self.owner.writer.submit(self, lines))
 
     async def close(self) -> None:
-        await self.owner._call(self.release, self.owner.sync._connection)
+        if self.epoch:
+            await self.owner._call(self.release, self.owner.sync.connection)
+        if self.owner_closes:
+            await self.owner.close()
 
 
 _Batch = tuple[SessionRows, list[bytes], "concurrent.futures.Future[None]"]
@@ -167,7 +183,7 @@ class BatchWriter:
     def __init__(self, repository: SQLiteRepository) -> None:
         self.repository = repository
         self._queue: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
-        self._connection = repository.connect()
+        self.connection = repository.connect()
         self._thread = threading.Thread(target=self._run, name="sessionlog-sqlite-writer", daemon=True)
         self._thread.start()
 
@@ -179,7 +195,7 @@ class BatchWriter:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join()
-        self._connection.close()
+        self.connection.close()
 
     def _run(self) -> None:
         stopping = False
@@ -202,7 +218,7 @@ class BatchWriter:
     def _write(self, batch: list[_Batch]) -> None:
         outcomes: list[tuple[SessionRows, concurrent.futures.Future[None], Any]] = []
         try:
-            with self.repository.transaction(self._connection) as connection:
+            with self.repository.transaction(self.connection) as connection:
                 for rows, lines, future in batch:
                     connection.execute("savepoint batch")
                     try:

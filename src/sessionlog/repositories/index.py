@@ -17,11 +17,15 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .schema import migrate
+
 if TYPE_CHECKING:
     import sqlite3
 
 INDEX_NAME = ".sessionlog-index.db"
-_SCHEMA = """
+STEPS = (
+    # 1: a summary per session file with the signature it was computed from; the labels
+    """
 create table if not exists sessions (
     session_id text primary key,
     size integer not null,
@@ -33,8 +37,9 @@ create table if not exists labels (
     session_id text not null,
     label text not null,
     primary key (session_id, label)
-) without rowid;
-"""
+) without rowid
+""",
+)
 
 
 class Index:
@@ -47,7 +52,7 @@ class Index:
             directory / INDEX_NAME, isolation_level=None, timeout=5.0, check_same_thread=False
         )
         self._connection.execute("pragma journal_mode=wal")
-        self._connection.executescript(_SCHEMA)
+        migrate(self._transaction, STEPS, directory / INDEX_NAME)
 
     def close(self) -> None:
         self._connection.close()

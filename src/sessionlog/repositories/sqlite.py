@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import orjson
 
+from ..backends.sqlite import INFOS
 from ..core.errors import (
     SessionChangedError,
     SessionExistsError,
@@ -45,39 +46,43 @@ from ..core.ids import new_id
 from ..core.loading import reduce_bytes
 from ..core.reducer import is_uuid7
 from ..core.state import SessionState
-from ..core.store import BackendInfo, SessionStore
+from ..core.store import SessionStore
 from ..opening import _header
 from .base import RepositoryBase, checked_labels, fork_bytes
 from .info import Candidate, Filters, SessionInfo, page
+from .schema import migrate, version_of
 
-SCHEMA_VERSION = 1
-_SCHEMA = """
-create table if not exists schema_version (version integer not null);
-create table if not exists sessions (
-    session_id text primary key,
-    created_at integer not null,
-    updated_at integer not null,
-    head_line integer not null,
-    head_bytes integer not null,
-    summary text not null,
-    labels text not null default '[]',
-    writer text,
-    writer_epoch integer not null default 0
-) without rowid;
-create index if not exists sessions_by_update on sessions (updated_at, session_id);
-create table if not exists lines (
-    session_id text not null references sessions (session_id) on delete cascade,
-    line_no integer not null,
-    line blob not null,
-    primary key (session_id, line_no)
-) without rowid;
-"""
-INFOS = {
-    "power": BackendInfo("sqlite", "power", "sync", "SQLite WAL, synchronous=FULL, one row per line"),
-    "process": BackendInfo(
-        "sqlite-normal", "process", "sync", "SQLite WAL, synchronous=NORMAL, one row per line"
-    ),
-}
+STEPS = (
+    # 1: the summary row of each session and its lines, byte for byte
+    """
+    create table if not exists sessions (
+        session_id text primary key,
+        created_at integer not null,
+        updated_at integer not null,
+        head_line integer not null,
+        head_bytes integer not null,
+        summary text not null,
+        labels text not null default '[]',
+        writer text,
+        writer_epoch integer not null default 0
+    ) without rowid;
+    create index if not exists sessions_by_update on sessions (updated_at, session_id);
+    create table if not exists lines (
+        session_id text not null references sessions (session_id) on delete cascade,
+        line_no integer not null,
+        line blob not null,
+        primary key (session_id, line_no)
+    ) without rowid
+    """,
+    # 2: whether a session is idle as a column, with an index of the others: `unfinished()` and
+    # `list(status=...)` read the open sessions only, however many idle ones there are
+    """
+    alter table sessions add column idle integer not null default 1;
+    update sessions set idle = coalesce(json_extract(summary, '$.idle'), 1);
+    create index sessions_open on sessions (updated_at, session_id) where idle = 0
+    """,
+)
+SCHEMA_VERSION = len(STEPS)
 _BUSY_SECONDS = 5.0
 
 
@@ -109,24 +114,18 @@ class SQLiteRepository(RepositoryBase):
     def __init__(
         self, path: str | os.PathLike[str], *, durability: Literal["power", "process"] = "power"
     ) -> None:
-        if durability not in INFOS:
+        if durability not in ("power", "process"):
             raise ValueError(f"durability is power or process, not {durability!r}")
         self.path = Path(path)
-        self.info = INFOS[durability]
+        self.info = INFOS[durability, "sync"]
+        self.async_info = INFOS[durability, "async"]
         self._synchronous = "full" if durability == "power" else "normal"
-        self._connection = self.connect()
-        with self.transaction() as connection:
-            for statement in filter(str.strip, _SCHEMA.split(";")):
-                connection.execute(statement)
-            versions = [row[0] for row in connection.execute("select version from schema_version")]
-            if not versions:
-                connection.execute("insert into schema_version values (?)", (SCHEMA_VERSION,))
-            elif max(versions) > SCHEMA_VERSION:
-                raise SessionPathError(
-                    0,
-                    f"{self.path}: schema version {max(versions)} is newer than this sessionlog",
-                    str(self.path),
-                )
+        self.connection = self.connect()
+        try:
+            migrate(self.transaction, STEPS, self.path)
+        except BaseException:
+            self.connection.close()
+            raise
 
     def connect(self) -> sqlite3.Connection:
         """A connection with this repository's settings; SessionPathError for a file that is not
@@ -138,7 +137,7 @@ class SQLiteRepository(RepositoryBase):
             tables = {
                 row[0] for row in connection.execute("select name from sqlite_master where type = 'table'")
             }
-            if tables and "schema_version" not in tables:
+            if tables and not version_of(connection):
                 connection.close()
                 raise SessionPathError(
                     0,
@@ -156,7 +155,7 @@ class SQLiteRepository(RepositoryBase):
         return connection
 
     def close(self) -> None:
-        self._connection.close()
+        self.connection.close()
 
     def __enter__(self) -> SQLiteRepository:
         return self
@@ -170,7 +169,7 @@ class SQLiteRepository(RepositoryBase):
     @contextlib.contextmanager
     def transaction(self, connection: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
         """`BEGIN IMMEDIATE` ... `COMMIT`, retried with jitter while the database is busy."""
-        connection = connection or self._connection
+        connection = connection or self.connection
         deadline = time.monotonic() + _BUSY_SECONDS
         while True:
             try:
@@ -203,22 +202,35 @@ class SQLiteRepository(RepositoryBase):
         writing."""
         return self.open(self.create_row(**header))
 
-    def _insert(self, session_id: str, lines: builtins.list[bytes], labels: builtins.list[str]) -> None:
+    def _insert(
+        self, session_id: str, lines: builtins.list[bytes], labels: builtins.list[str], *, alone: bool = False
+    ) -> None:
+        """Store a new session's lines (validated by the reducer first); `alone`: only into a
+        database holding no session yet."""
         data = b"".join(lines)
         state = reduce_bytes(data)
         now = time.time_ns() // 1_000_000
         with self.transaction() as connection:
+            if alone and (other := connection.execute("select session_id from sessions limit 1").fetchone()):
+                raise SessionExistsError(
+                    0,
+                    f"{self.path} holds session {other[0]} already; name a new one as "
+                    f"{self.path}#SESSION_ID (with that session_id)",
+                    str(self.path),
+                )
             try:
                 connection.execute(
-                    "insert into sessions values (?, ?, ?, ?, ?, ?, ?, null, 0)",
+                    "insert into sessions (session_id, created_at, updated_at, head_line, head_bytes, "
+                    "summary, labels, idle) values (?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         session_id,
                         state.header["createdAt"],
                         now,
                         len(lines),
                         len(data),
-                        json.dumps(_summary(state)),
+                        json.dumps(summary_row(state)),
                         json.dumps(labels),
+                        state.is_idle,
                     ),
                 )
             except sqlite3.IntegrityError:
@@ -278,13 +290,21 @@ class SQLiteRepository(RepositoryBase):
         self._insert(session_id, [header], checked_labels(labels))
         return session_id
 
+    def insert_header(self, header: bytes, *, alone: bool = False) -> None:
+        """A new session whose header line (validated) is `header`."""
+        self._insert(self._id(orjson.loads(header)["id"]), [header], [], alone=alone)
+
     def read(self, session_id: str, connection: sqlite3.Connection | None = None) -> bytes:
-        rows = (
-            (connection or self._connection)
-            .execute("select line from lines where session_id = ? order by line_no", (self._id(session_id),))
-            .fetchall()
-        )
-        if not rows:
+        connection = connection or self.connection
+        rows = connection.execute(
+            "select line from lines where session_id = ? order by line_no", (self._id(session_id),)
+        ).fetchall()
+        if (
+            not rows
+            and not connection.execute(
+                "select 1 from sessions where session_id = ?", (session_id,)
+            ).fetchone()
+        ):
             raise SessionNotFoundError(0, f"no session {session_id} in {self.path}", str(self.path))
         return b"".join(row[0] for row in rows)
 
@@ -347,10 +367,10 @@ class SQLiteRepository(RepositoryBase):
             values += [int(updated), int(updated), session_id]
         statuses = {wanted.status} if isinstance(wanted.status, str) else set(wanted.status or ())
         if statuses and "corrupt" not in statuses and ("idle" in statuses) != bool(statuses - {"idle"}):
-            clauses.append("json_extract(summary, '$.idle') = ?")  # only idle, or only unfinished
+            clauses.append("idle = ?")  # only idle, or only unfinished (an index of these)
             values.append(1 if "idle" in statuses else 0)
         where = f"where {' and '.join(clauses)}" if clauses else ""
-        rows = self._connection.execute(
+        rows = self.connection.execute(
             "select session_id, created_at, updated_at, head_line, head_bytes, summary, labels, writer "
             f"from sessions {where} order by updated_at desc, session_id desc",
             values,
@@ -372,7 +392,7 @@ def _candidate(row: tuple[Any, ...]) -> Candidate:
     return Candidate(fields, tuple(json.loads(labels)), functools.partial(_held_by, writer))
 
 
-def _summary(state: SessionState) -> dict[str, Any]:
+def summary_row(state: SessionState) -> dict[str, Any]:
     header = state.header
     title = next((m["content"] for m in state.transcript if m["role"] == "user"), None)
     return {
@@ -416,28 +436,62 @@ class SessionRows:
             summary = summary_after(summary, line)
         head_line, head_bytes = self.head_line + len(lines), self.head_bytes + sum(map(len, lines))
         changed = connection.execute(
-            "update sessions set head_line = ?, head_bytes = ?, updated_at = ?, summary = ? "
+            "update sessions set head_line = ?, head_bytes = ?, updated_at = ?, summary = ?, idle = ? "
             "where session_id = ? and writer_epoch = ? and head_line = ?",
             (
                 head_line,
                 head_bytes,
                 time.time_ns() // 1_000_000,
                 json.dumps(summary),
+                summary["idle"],
                 self.session_id,
                 self.epoch,
                 self.head_line,
             ),
         ).rowcount
-        if not changed:
-            raise SessionChangedError(
-                f"{self.repository.path}: session {self.session_id} was taken over by another writer "
-                "(fenced); nothing was written"
-            )
+        self.check(changed)
         connection.executemany(
             "insert into lines values (?, ?, ?)",
             [(self.session_id, self.head_line + number, line) for number, line in enumerate(lines, 1)],
         )
         return head_line, head_bytes, summary
+
+    def cut(self, connection: sqlite3.Connection, length: int) -> None:
+        """Drop a torn tail: keep the first `length` bytes. Rows hold whole lines, each written
+        in one transaction, so a torn tail is only ever a row that another program wrote."""
+        with self.repository.transaction(connection) as open_connection:
+            kept_lines = kept_bytes = 0
+            for (size,) in open_connection.execute(
+                "select length(line) from lines where session_id = ? order by line_no", (self.session_id,)
+            ):
+                if kept_bytes + size > length:
+                    break
+                kept_lines, kept_bytes = kept_lines + 1, kept_bytes + size
+            if kept_bytes != length:
+                raise OSError(
+                    f"{self.repository.path}: session {self.session_id} cannot be cut at byte {length}"
+                )
+            open_connection.execute(
+                "delete from lines where session_id = ? and line_no > ?", (self.session_id, kept_lines)
+            )
+            self.check(
+                open_connection.execute(
+                    "update sessions set head_line = ?, head_bytes = ? "
+                    "where session_id = ? and writer_epoch = ?",
+                    (kept_lines, kept_bytes, self.session_id, self.epoch),
+                ).rowcount
+            )
+        self.head_line, self.head_bytes = kept_lines, kept_bytes
+
+    def check(self, changed: int) -> None:
+        """Fenced when the summary row of this writer did not change (another writer holds it)."""
+        if not self.epoch or not changed:
+            raise SessionChangedError(
+                f"{self.repository.path}: session {self.session_id} was taken over by another writer "
+                "(fenced); nothing was written"
+                if self.epoch
+                else f"{self.repository.path}: session {self.session_id} was opened read-only"
+            )
 
     def advance(self, written: tuple[int, int, dict[str, Any]]) -> None:
         self.head_line, self.head_bytes, self.summary = written
@@ -484,16 +538,28 @@ class SQLiteSession(SessionRows):
     """One session of a SQLite repository as a sync store's backend: one transaction a commit."""
 
     def __init__(
-        self, repository: SQLiteRepository, connection: sqlite3.Connection, session_id: str, epoch: int
+        self,
+        repository: SQLiteRepository,
+        connection: sqlite3.Connection,
+        session_id: str,
+        epoch: int,
+        *,
+        owns_repository: bool = False,
     ) -> None:
         super().__init__(repository, session_id, epoch)
         self.connection = connection
+        self.owns_repository = owns_repository
+
+    @classmethod
+    def owning(cls, repository: SQLiteRepository, session_id: str, epoch: int) -> SQLiteSession:
+        """A session on the repository's own connection; closing it closes the repository."""
+        return cls(repository, repository.connection, session_id, epoch, owns_repository=True)
 
     def read(self) -> bytes:
         return self.load(self.connection)
 
-    def truncate(self, length: int) -> None:  # rows hold whole lines: there is never a torn tail
-        raise OSError(f"{self.repository.path}: a SQLite session has no torn tail to cut")
+    def truncate(self, length: int) -> None:
+        self.cut(self.connection, length)
 
     def append(self, line: bytes) -> None:
         with self.repository.transaction(self.connection) as connection:
@@ -501,5 +567,8 @@ class SQLiteSession(SessionRows):
         self.advance(written)
 
     def close(self) -> None:
-        self.release(self.connection)
+        if self.epoch:
+            self.release(self.connection)
         self.connection.close()
+        if self.owns_repository:
+            self.repository.close()

@@ -7,12 +7,16 @@ messages 0..N-1 in order (no gap, no duplicate), N is at least every number ackn
 the next child opens the session (taking over the dead writer's hold) and goes on; past 2,000
 lines the session is deleted once checked and the next child starts a new one.
 
-    python -m sessionlog.testing.repository_kills run sqlite:///tmp/x.db --kills 200
+    python -m sessionlog.testing.repository_kills run sqlite:///tmp/x.db --kills 200 [--async]
+
+With `--async` the child commits eight messages at once through `repository_async` (for SQLite,
+one transaction of the writer thread holds them), each acknowledged as its commit returns.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import random
 import signal
@@ -41,6 +45,7 @@ class RepositoryKillReport:
 
 
 def child_main(location: str) -> None:
+    """Commit one message at a time through the sync repository."""
     repo = sessionlog.repository(location)
     rows = repo.list(limit=1)
     if rows:
@@ -57,16 +62,40 @@ def child_main(location: str) -> None:
         done += 1
 
 
+async def async_child_main(location: str, window: int = 8) -> None:
+    """Commit `window` messages at once through the async repository (its writer thread puts
+    them in one transaction), printing each number once its commit returned."""
+    repo = await sessionlog.repository_async(location)
+    rows = await repo.list(limit=1)
+    store = await (
+        repo.open(rows[0].session_id) if rows else repo.create(provider="p", model="m", cwd="/kill")
+    )
+    done = len((await store.load()).transcript)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+
+    async def commit(number: int) -> None:
+        await store.commit([sessionlog.core.facts.user_message(f"m{number}")])
+        sys.stdout.write(f"{number}\n")
+        sys.stdout.flush()
+
+    while True:
+        await asyncio.gather(*(commit(number) for number in range(done, done + window)))
+        done += window
+
+
 def run_repository_kills(
-    location: str, kills: int = 200, *, seed: int = 0, max_wait: float = 0.05
+    location: str, kills: int = 200, *, seed: int = 0, max_wait: float = 0.05, use_async: bool = False
 ) -> RepositoryKillReport:
-    """SIGKILL `kills` children committing to one session of the repository at `location`."""
+    """SIGKILL `kills` children committing to one session of the repository at `location`
+    (through the async repository with `use_async`)."""
     report = RepositoryKillReport()
     rng = random.Random(f"repository-kills:{seed}")
     committed_before = 0
+    command = "async-child" if use_async else "child"
     while report.kills < kills:
         child = subprocess.Popen(
-            [sys.executable, "-m", "sessionlog.testing.repository_kills", "child", location],
+            [sys.executable, "-m", "sessionlog.testing.repository_kills", command, location],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
@@ -87,8 +116,8 @@ def run_repository_kills(
             contents = [message["content"] for message in repo.load(row.session_id).transcript]
             if contents != [f"m{index}" for index in range(len(contents))]:
                 report.failures.append(f"kill {report.kills}: the messages are not 0..N-1 in order")
-            if acknowledged and acknowledged[-1] >= len(contents):
-                report.lost += acknowledged[-1] + 1 - len(contents)
+            if acknowledged and max(acknowledged) >= len(contents):
+                report.lost += len([number for number in acknowledged if number >= len(contents)])
             report.acknowledged += len(acknowledged)
             report.committed += len(contents) - committed_before
             committed_before = len(contents)
@@ -108,16 +137,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m sessionlog.testing.repository_kills", description=__doc__.split("\n")[0]
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    child = commands.add_parser("child", help="commit until killed (used by the harness)")
-    child.add_argument("location")
+    for name in ("child", "async-child"):
+        child = commands.add_parser(name, help="commit until killed (used by the harness)")
+        child.add_argument("location")
     run = commands.add_parser("run", help="kill committing children and check the session")
     run.add_argument("location")
     run.add_argument("--kills", type=int, default=200)
+    run.add_argument("--async", dest="use_async", action="store_true", help="through repository_async")
     args = parser.parse_args(argv)
     if args.command == "child":
         child_main(args.location)
         return 0
-    report = run_repository_kills(args.location, args.kills)
+    if args.command == "async-child":
+        asyncio.run(async_child_main(args.location))
+        return 0
+    report = run_repository_kills(args.location, args.kills, use_async=args.use_async)
     print(
         f"{report.kills} kills, {report.acknowledged} acknowledged, {report.committed} committed, "
         f"{report.lost} lost: {'ok' if report.ok else 'FAILED'}"
