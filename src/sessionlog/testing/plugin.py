@@ -9,23 +9,27 @@ through the class's `raw_bytes` / `write_raw` hooks. Sync stores it built are cl
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
 from ..core.store import BackendInfo, SessionStore
 from ..opening import create, create_async, open, open_async
 from ..plugins.registry import Registry, default_registry
+from .blocking import Blocking
 
 if TYPE_CHECKING:
     from ..core.async_store import AsyncSessionStore
     from .suite import ContractBase
 
+_T = TypeVar("_T")
 PROVIDER = "openrouter"
 MODEL = "test/model"
 CWD = "/workspace"
@@ -120,7 +124,7 @@ class Harness(_Harness):
 
     def __init__(self, contract: ContractBase, directory: Path) -> None:
         super().__init__(contract, directory)
-        self._stores: list[SessionStore] = []
+        self._stores: list[Any] = []
 
     def create(self, path: Path | None = None, **options: Any) -> SessionStore:
         store = create(
@@ -149,12 +153,22 @@ class Harness(_Harness):
                 store.close()
 
 
-class AsyncHarness(_Harness):
-    """The same for async backends: `create` and `open` are coroutines; tests close their stores."""
+class AsyncHarness(Harness):
+    """The same test bodies for async backends: `create` and `open` give a `Blocking` store, whose
+    every call runs the async store's coroutine to completion on this harness's event loop (one
+    per test). `run` runs a coroutine there, for the tests that are async by nature
+    (`create_async` / `open_async` give the stores themselves)."""
 
     api = "async"
 
-    async def create(self, path: Path | None = None, **options: Any) -> AsyncSessionStore:
+    def __init__(self, contract: ContractBase, directory: Path) -> None:
+        super().__init__(contract, directory)
+        self.loop = asyncio.new_event_loop()
+
+    def run(self, awaitable: Awaitable[_T]) -> _T:
+        return self.loop.run_until_complete(awaitable)
+
+    async def create_async(self, path: Path | None = None, **options: Any) -> AsyncSessionStore:
         return await create_async(
             path or self.path,
             backend=self.backend,
@@ -166,10 +180,25 @@ class AsyncHarness(_Harness):
             **self._options(options),
         )
 
-    async def open(self, path: Path | None = None, **options: Any) -> AsyncSessionStore:
+    async def open_async(self, path: Path | None = None, **options: Any) -> AsyncSessionStore:
         return await open_async(
             path or self.path, backend=self.backend, registry=self.registry, **self._options(options)
         )
+
+    def create(self, path: Path | None = None, **options: Any) -> Any:
+        store = Blocking(self.run(self.create_async(path, **options)), self.loop)
+        self._stores.append(store)
+        return store
+
+    def open(self, path: Path | None = None, **options: Any) -> Any:
+        store = Blocking(self.run(self.open_async(path, **options)), self.loop)
+        self._stores.append(store)
+        return store
+
+    def close_all(self) -> None:
+        super().close_all()
+        self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+        self.loop.close()
 
 
 @pytest.fixture
@@ -178,9 +207,6 @@ def sessionlog_harness(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     contract = request.instance
     if contract is None or not hasattr(contract, "backend"):
         raise TypeError("sessionlog_harness serves methods of StoreContract / AsyncStoreContract subclasses")
-    if contract.api == "async":
-        yield AsyncHarness(contract, tmp_path)
-        return
-    harness = Harness(contract, tmp_path)
+    harness = AsyncHarness(contract, tmp_path) if contract.api == "async" else Harness(contract, tmp_path)
     yield harness
     harness.close_all()

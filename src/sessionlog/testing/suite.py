@@ -35,14 +35,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import functools
 import json
 import os
 import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -839,6 +838,13 @@ class StoreContract(ContractBase):
                 thread.join()
             assert not errors, errors
             state = store.load()
+        self._check_workers(h, seqs, state, per_worker)
+
+    def _check_workers(
+        self, h: Harness, seqs: Mapping[int, list[int]], state: SessionState, per_worker: int
+    ) -> None:
+        """Each worker's commits in its order, all of them serialized, and so after reopening."""
+        workers = len(seqs)
         assert state.last_seq == 2 * workers * per_worker
         assert sorted(seq for mine in seqs.values() for seq in mine) == list(range(1, state.last_seq + 1, 2))
         for worker, mine in seqs.items():
@@ -907,440 +913,73 @@ class StoreContract(ContractBase):
             assert state.last_seq in (before.last_seq, before.last_seq + 1)
 
 
-def _run(method: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
-    """A plain test function that runs the coroutine method in a fresh event loop."""
-
-    @functools.wraps(method)
-    def test(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(method(*args, **kwargs))
-
-    return test
-
-
-async def _expect(error: type[BaseException], call: Awaitable[Any]) -> BaseException:
-    with pytest.raises(error) as caught:
-        await call
-    return caught.value
-
-
-class AsyncStoreContract(ContractBase):
-    """The invariant suite for an async backend (`sessionlog.open_async` / `create_async`)."""
+class AsyncStoreContract(StoreContract):
+    """The invariant suite for an async backend (`sessionlog.open_async` / `create_async`): the
+    same test bodies, each call of a store run to completion on the test's event loop
+    (`AsyncHarness`), and concurrency as asyncio has it (tasks instead of threads)."""
 
     api = "async"
 
-    @_run
-    async def test_create_gives_a_header_only_session(self, sessionlog_harness: AsyncHarness) -> None:
-        async with await sessionlog_harness.create() as store:
-            state = await store.load()
-            assert state.last_seq == 0 and state.transcript == [] and state.is_idle
-            header = state.header
-            assert (header["provider"], header["model"], header["cwd"]) == (PROVIDER, MODEL, CWD)
-            assert _UUID7.match(header["id"])
-            assert store.info.name == sessionlog_harness.backend
-
-    @_run
-    async def test_create_refuses_an_existing_session(self, sessionlog_harness: AsyncHarness) -> None:
-        h = sessionlog_harness
-        async with await h.create() as store:
-            await store.commit([_user("hello")])
-        error = await _expect(SessionExistsError, h.create())
-        assert isinstance(error, FileExistsError)
-        async with await h.open() as store:
-            assert _contents(await store.load()) == ["hello"]
-
-    @_run
-    async def test_open_of_a_missing_session_is_not_found(self, sessionlog_harness: AsyncHarness) -> None:
-        h = sessionlog_harness
-        error = await _expect(SessionNotFoundError, h.open(h.new_path("missing.jsonl")))
-        assert isinstance(error, FileNotFoundError)
-
-    @_run
-    async def test_round_trip_load_equals_reduce_bytes_of_the_stored_bytes(
-        self, sessionlog_harness: AsyncHarness
-    ) -> None:
-        h = sessionlog_harness
-        async with await h.create() as store:
-            h.raw()
-            script = Script(agent_turn())
-            while script.next is not None:
-                script.advance(await store.commit(script.next))
-                assert await store.load() == reduce_bytes(h.raw())
-            final = await store.load()
-        assert stored_facts(h.raw()) == [fact for tx in script.committed for fact in tx]
-        async with await h.open() as store:
-            assert await store.load() == final
-
-    @_run
-    async def test_round_trip_through_close_and_reopen(self, sessionlog_harness: AsyncHarness) -> None:
-        h = sessionlog_harness
-        async with await h.create() as store:
-            await Script(agent_turn()).run_async(store)
-            before = await store.load()
-        async with await h.open() as store:
-            assert await store.load() == before
-            await store.commit([_user("next prompt")])
-        async with await h.open() as store:
-            assert (await store.load()).last_seq == before.last_seq + 1
-
-    @_run
-    async def test_seq_ids_and_timestamps_are_assigned(self, sessionlog_harness: AsyncHarness) -> None:
-        async with await sessionlog_harness.create() as store:
-            before = _now_ms()
-            plain = {
-                "kind": "entry",
-                "entry": {"type": "message", "message": {"role": "user", "content": "x"}},
-            }
-            committed = [await store.commit([plain]), await store.commit([plain, plain, plain])]
-            committed += (await Script(agent_turn()).run_async(store)).committed
-            committed += await asyncio.gather(*(store.commit([plain]) for _ in range(20)))
-            after = _now_ms()
-        _check_assigned(committed, before, after)
-
-    @_run
-    async def test_timestamps_never_decrease_across_reopen(self, sessionlog_harness: AsyncHarness) -> None:
-        h = sessionlog_harness
-        async with await h.create() as store:
-            h.raw()
-            await store.commit([_user("from the future")])
-        header, line = _lines_of(h.raw())
-        future = _now_ms() + 3_600_000
-        h.write_raw(header + orjson.dumps(orjson.loads(line) | {"timestamp": future}) + b"\n")
-        async with await h.open() as store:
-            (fact,) = await store.commit([_user("now")])
-        assert fact["timestamp"] == future
-
-    @_run
-    async def test_caller_supplied_ids_are_kept(self, sessionlog_harness: AsyncHarness) -> None:
-        async with await sessionlog_harness.create() as store:
-            user_id = new_id()
-            user, run = await store.commit([_user("hi", id=user_id), facts.run_started(user_id)])
-            assert user["id"] == user_id and run["record"]["inputEntryId"] == user_id
-
-    @_run
-    async def test_reserved_result_id_is_borne_by_the_tool_result(
-        self, sessionlog_harness: AsyncHarness
-    ) -> None:
-        async with await sessionlog_harness.create() as store:
-            script = await Script(agent_turn()).run_async(store, limit=4)
-            (started,) = script.committed[-1]
-            reserved = started["record"]["resultEntryId"]
-            before = await store.load()
-            error = await _expect(ValidationError, store.commit([_user("sneaky", id=reserved)]))
-            assert isinstance(error, ValidationError)
-            _check_rejection(error, "DUPLICATE_ID", 0, before.last_seq + 1)
-            anonymous = facts.tool_result(started, "# sessionlog")
-            del anonymous["id"]
-            error = await _expect(ValidationError, store.commit([anonymous]))
-            assert isinstance(error, ValidationError)
-            _check_rejection(error, "INVALID_REFERENCE", 0, before.last_seq + 1)
-            assert await store.load() == before
-            assert script.next is not None
-            (result,) = await store.commit(script.next)
-            assert result["id"] == reserved
-            assert [tool["status"] for tool in (await store.load()).tool_calls] == ["completed"]
-
-    @_run
-    async def test_transaction_is_one_line(self, sessionlog_harness: AsyncHarness) -> None:
-        h = sessionlog_harness
-        async with await h.create() as store:
-            h.raw()
-            single = await store.commit([_user("one")])
-            triple = await store.commit([_user("two"), _user("three"), _user("four")])
-        lines = committed_lines(h.raw())
-        assert len(lines) == 3 and h.raw().endswith(b"\n")
-        assert orjson.loads(lines[1]) == single[0]
-        assert orjson.loads(lines[2]) == triple
-
-    @pytest.mark.parametrize("rejection", sorted(REJECTIONS))
-    @_run
-    async def test_rejected_transaction_changes_nothing(
-        self, sessionlog_harness: AsyncHarness, rejection: str
-    ) -> None:
-        build, code, index = REJECTIONS[rejection]
-        h = sessionlog_harness
-        async with await h.create() as store:
-            (known,) = await store.commit([_user("first")])
-            await store.commit([_user("second")])
-            before = await store.load()
-            raw = h.raw() if "raw" not in self.unsupported else None
-            error = await _expect(ValidationError, store.commit(build(known["id"])))
-            assert isinstance(error, ValidationError)
-            _check_rejection(error, code, index, before.last_seq + 1)
-            assert await store.load() == before
-            if raw is not None:
-                assert h.raw() == raw
-            (after,) = await store.commit([_user("after")])
-            assert after["seq"] == before.last_seq + 1
-        async with await h.open() as store:
-            assert _contents(await store.load()) == ["first", "second", "after"]
-
-    @_run
-    async def test_empty_transaction_is_rejected(self, sessionlog_harness: AsyncHarness) -> None:
-        async with await sessionlog_harness.create() as store:
-            await store.commit([_user("first")])
-            error = await _expect(ValidationError, store.commit([]))
-            assert isinstance(error, ValidationError) and error.code == "EMPTY_TRANSACTION"
-            assert (await store.commit([_user("second")]))[0]["seq"] == 2
-
-    @_run
-    async def test_a_bare_fact_is_not_a_transaction(self, sessionlog_harness: AsyncHarness) -> None:
-        async with await sessionlog_harness.create() as store:
-            await _expect(TypeError, store.commit(_user("not in a list")))  # type: ignore[arg-type]
-            assert (await store.load()).last_seq == 0
-
-    @_run
-    async def test_stored_facts_are_isolated_from_the_caller(self, sessionlog_harness: AsyncHarness) -> None:
-        async with await sessionlog_harness.create() as store:
-            fact = _user("original")
-            (committed,) = await store.commit([fact])
-            fact["entry"]["message"]["content"] = "changed by the caller"
-            committed["entry"]["message"]["content"] = "changed too"
-            (await store.load()).transcript[0]["content"] = "and this"
-            assert _contents(await store.load()) == ["original"]
-
-    @_run
-    async def test_timestamps_never_decrease_when_the_clock_goes_back(
-        self, sessionlog_harness: AsyncHarness, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        async with await sessionlog_harness.create() as store:
-            (first,) = await store.commit([_user("now")])
-            hour_ago = time.time_ns() - 3_600_000_000_000
-            with monkeypatch.context() as patch:
-                patch.setattr(time, "time_ns", lambda: hour_ago)
-                (second,) = await store.commit([_user("an hour ago")])
-            assert second["timestamp"] == first["timestamp"]
-
-    @_run
-    async def test_torn_tail_right_after_the_header(self, sessionlog_harness: AsyncHarness) -> None:
-        h = sessionlog_harness
-        async with await h.create():
-            h.raw()
-        header = h.raw()
-        h.write_raw(header + _cut_inside_a_character())
-        async with await h.open() as store:
-            state = await store.load()
-            assert state.last_seq == 0 and state.repaired_length == len(header)
-            await store.commit([_user("first")])
-        assert _contents(reduce_bytes(h.raw())) == ["first"]
-
-    @pytest.mark.parametrize("tail", sorted(TORN_TAILS))
-    @_run
-    async def test_torn_tail_is_repaired_on_open_and_appends_continue(
-        self, sessionlog_harness: AsyncHarness, tail: str
-    ) -> None:
-        h = sessionlog_harness
-        async with await h.create() as store:
-            h.raw()
-            await store.commit([_user("first")])
-            await store.commit([_user(_MULTIBYTE)])
-            before = await store.load()
-        committed = h.raw()
-        h.write_raw(committed + TORN_TAILS[tail]())
-        async with await h.open() as store:
-            assert await store.load() == before
-            assert (await store.load()).repaired_length == len(committed)
-            (fact,) = await store.commit([_user("third")])
-            assert fact["seq"] == 3
-        data = h.raw()
-        assert data.startswith(committed) and len(committed_lines(data)) == 4 and data.endswith(b"\n")
-        assert _contents(reduce_bytes(data)) == ["first", _MULTIBYTE, "third"]
-
-    @pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
-    @_run
-    async def test_corruption_is_refused_with_path_line_and_offset(
-        self, sessionlog_harness: AsyncHarness, corruption: str
-    ) -> None:
-        surgery, code, line, offset, seq = CORRUPTIONS[corruption]
-        h = sessionlog_harness
-        async with await h.create() as store:
-            h.raw()
-            await store.commit([_user("first")])
-            await store.commit([_user("second")])
-        lines = _lines_of(h.raw())
-        broken = surgery(lines)
-        h.write_raw(broken)
-        for _ in range(2):
-            error = await _expect(CorruptionError, h.open())
-            assert isinstance(error, CorruptionError)
-            _check_corruption(error, h.path, code, line, offset(lines), seq)
-        assert h.raw() == broken
-
-    @_run
-    async def test_corruption_with_a_torn_tail_is_refused_and_left_unchanged(
-        self, sessionlog_harness: AsyncHarness
-    ) -> None:
-        h = sessionlog_harness
-        async with await h.create() as store:
-            h.raw()
-            await store.commit([_user("first")])
-        broken = h.raw() + b"[]\n" + b'{"kind":"ent'
-        h.write_raw(broken)
-        error = await _expect(CorruptionError, h.open())
-        assert isinstance(error, CorruptionError) and (error.code, error.line) == ("EMPTY_TRANSACTION", 3)
-        assert h.raw() == broken
-
-    @_run
-    async def test_shared_fixture_loads_through_the_store(
-        self, sessionlog_harness: AsyncHarness, shared_fixture: Any
-    ) -> None:
-        h = sessionlog_harness
-        data, expected = _expected(shared_fixture)
-        h.write_raw(data)
-        if expected["ok"]:
-            for _ in range(2):
-                async with await h.open() as store:
-                    assert (await store.load()).to_json() == expected["state"]
-        else:
-            error = await _expect(CorruptionError, h.open())
-            assert isinstance(error, CorruptionError)
-            assert error.to_json() == expected["error"] and error.path == str(h.path)
-            assert h.raw() == data
-
-    @_run
-    async def test_second_writer_in_the_same_process_is_refused(
-        self, sessionlog_harness: AsyncHarness
-    ) -> None:
-        h = sessionlog_harness
-        async with await h.create() as store:
-            await _expect(SessionLockedError, h.open())
-            await store.commit([_user("still mine")])
-        async with await h.open() as store:
-            assert _contents(await store.load()) == ["still mine"]
-
-    @_run
-    async def test_second_writer_through_another_path_spelling_is_refused(
-        self, sessionlog_harness: AsyncHarness
-    ) -> None:
-        h = sessionlog_harness
-        h.require("files")
-        alias = h.directory / "alias.jsonl"
-        async with await h.create():
-            os.link(h.path, alias)
-            await _expect(SessionLockedError, h.open(alias))
-
-    @_run
-    async def test_lock_refuses_a_writer_in_another_process(self, sessionlog_harness: AsyncHarness) -> None:
-        h = sessionlog_harness
-        h.require("flock")
-        async with await h.create(lock=True):
-            answer = await asyncio.to_thread(h.open_in_child)
-            assert answer.startswith("locked:") and str(h.path) in answer, answer
-        assert await asyncio.to_thread(h.open_in_child) == "opened"
-
-    @_run
-    async def test_close_is_idempotent(self, sessionlog_harness: AsyncHarness) -> None:
-        h = sessionlog_harness
-        async with await h.create() as store:
-            await store.commit([_user("one")])
-            await store.close()
-            await store.close()
-        await store.close()
-        async with await h.open() as store:
-            assert _contents(await store.load()) == ["one"]
-
-    @_run
-    async def test_closed_store_refuses_every_call(self, sessionlog_harness: AsyncHarness) -> None:
-        store = await sessionlog_harness.create()
-        await store.close()
-        await _expect(StoreClosedError, store.commit([_user("late")]))
-        await _expect(StoreClosedError, store.commit([]))
-        await _expect(StoreClosedError, store.load())
-
-    @_run
-    async def test_concurrent_commits_are_serialized(self, sessionlog_harness: AsyncHarness) -> None:
+    def test_concurrent_commits_are_serialized(self, sessionlog_harness: Harness) -> None:
         workers, per_worker = 8, 25
-        h = sessionlog_harness
-        async with await h.create() as store:
+        h = _async(sessionlog_harness)
 
-            async def work(worker: int) -> list[int]:
-                return [(await store.commit(_pair(worker, i)))[0]["seq"] for i in range(per_worker)]
+        async def commit_from_tasks() -> tuple[list[list[int]], SessionState]:
+            async with await h.create_async() as store:
 
-            seqs = await asyncio.gather(*(work(worker) for worker in range(workers)))
-            state = await store.load()
-        assert state.last_seq == 2 * workers * per_worker
-        assert sorted(seq for mine in seqs for seq in mine) == list(range(1, state.last_seq + 1, 2))
-        for worker, mine in enumerate(seqs):
-            assert mine == sorted(mine)
-            order = [text for text in _contents(state) if text.startswith(f"{worker}:")]
-            assert order == [f"{worker}:{i}:{half}" for i in range(per_worker) for half in "ab"]
-        if "raw" not in self.unsupported:
-            _check_serialized(h.raw(), workers, per_worker)
-            assert reduce_bytes(h.raw()) == state
-        async with await h.open() as store:
-            assert await store.load() == state
+                async def work(worker: int) -> list[int]:
+                    return [(await store.commit(_pair(worker, i)))[0]["seq"] for i in range(per_worker)]
 
-    @_run
-    async def test_concurrent_commits_keep_call_order(self, sessionlog_harness: AsyncHarness) -> None:
-        async with await sessionlog_harness.create() as store:
-            committed = await asyncio.gather(*(store.commit([_user(f"m{i}")]) for i in range(50)))
-            assert [tx[0]["seq"] for tx in committed] == list(range(1, 51))
-            assert _contents(await store.load()) == [f"m{i}" for i in range(50)]
+                seqs = await asyncio.gather(*(work(worker) for worker in range(workers)))
+                return seqs, await store.load()
 
-    @pytest.mark.parametrize("written", ["nothing", "half", "everything"])
-    @_run
-    async def test_failed_write_poisons_the_store(
-        self, sessionlog_harness: AsyncHarness, written: str
-    ) -> None:
-        h = sessionlog_harness
-        h.require("file_ops")
-        ops = RecordingOps()
-        store = await h.create(ops=ops)
-        await store.commit([_user("kept")])
-        before = await store.load()
-        lost = [_user("lost"), _user("also lost")]
-        size = len(orjson.dumps(lost)) + 200
-        ops.fail("write", partial={"nothing": None, "half": 20, "everything": size}[written])
-        await _expect(StorePoisonedError, store.commit(lost))
-        writes = ops.calls["write"]
-        await _expect(StorePoisonedError, store.commit([_user("later")]))
-        await _expect(StorePoisonedError, store.load())
-        assert ops.calls["write"] == writes, "a poisoned store must not write again"
-        await store.close()
-        await store.close()
-        async with await h.open() as reopened:
-            state = await reopened.load()
-            if written == "everything":
-                assert _contents(state) == ["kept", "lost", "also lost"]
-            else:
-                assert state == before
-            await reopened.commit([_user("after reopen")])
+        seqs, state = h.run(commit_from_tasks())
+        self._check_workers(h, dict(enumerate(seqs)), state, per_worker)
 
-    @_run
-    async def test_failed_sync_poisons_the_store_and_is_never_retried(
-        self, sessionlog_harness: AsyncHarness
-    ) -> None:
-        h = sessionlog_harness
-        h.require("file_ops")
-        if h.info.durability != "power":
-            pytest.skip(f"{h.backend} is in the {h.info.durability} class: it never syncs a commit")
-        ops = RecordingOps()
-        store = await h.create(ops=ops)
-        await store.commit([_user("kept")])
-        for name in ("fsync", "fdatasync"):
-            ops.fail(name)
-        syncs = ops.syncs()
-        await _expect(StorePoisonedError, store.commit([_user("maybe")]))
-        assert ops.syncs() == syncs + 1, "one failed sync, and no retry"
-        await _expect(StorePoisonedError, store.commit([_user("later")]))
-        await _expect(StorePoisonedError, store.load())
-        await store.close()
-        assert ops.syncs() == syncs + 1, "a failed sync is never retried, not even at close"
-        async with await h.open() as reopened:
-            assert _contents(await reopened.load()) in (["kept"], ["kept", "maybe"])
+    def test_concurrent_commits_keep_call_order(self, sessionlog_harness: Harness) -> None:
+        h = _async(sessionlog_harness)
+
+        async def commit_at_once() -> tuple[list[list[dict[str, Any]]], SessionState]:
+            async with await h.create_async() as store:
+                committed = await asyncio.gather(*(store.commit([_user(f"m{i}")]) for i in range(50)))
+                return committed, await store.load()
+
+        committed, state = h.run(commit_at_once())
+        assert [tx[0]["seq"] for tx in committed] == list(range(1, 51))
+        assert _contents(state) == [f"m{i}" for i in range(50)]
+
+
+def _async(harness: Harness) -> AsyncHarness:
+    from .plugin import AsyncHarness
+
+    assert isinstance(harness, AsyncHarness), type(harness)
+    return harness
 
 
 def contract_classes(
-    registry: Registry | None = None, *, prefix: str = "Test", **attributes: Any
+    registry: Registry | None = None,
+    *,
+    prefix: str = "Test",
+    mixins: Mapping[str, type] | None = None,
+    **attributes: Any,
 ) -> dict[str, type[ContractBase]]:
     """One test class per registered backend: `StoreContract` for sync ones, `AsyncStoreContract`
     for async ones, named `<prefix><CamelCaseName>`. Assign the result into a test module's
-    globals and pytest collects every backend, including ones registered later."""
+    globals and pytest collects every backend, including ones registered later. `mixins`:
+    backend name -> a class mixed in first (byte hooks, `unsupported`); the built-in SQLite
+    backends get `SQLiteRows` unless named there."""
     from ..opening import backends
+    from .sqlite_rows import SQLiteRows
 
+    chosen = {name: SQLiteRows for name in _SQLITE_BACKENDS} | dict(mixins or {})
     classes: dict[str, type[ContractBase]] = {}
     for name, info in backends(registry).items():
         base: type[ContractBase] = AsyncStoreContract if info.api == "async" else StoreContract
+        bases = (chosen[name], base) if name in chosen else (base,)
         title = prefix + "".join(part.capitalize() for part in re.split(r"[^0-9A-Za-z]+", name) if part)
         namespace = {"backend": name, "registry": registry, "__doc__": f"{base.__name__} for {name!r}."}
-        classes[title] = type(title, (base,), {**namespace, **attributes})
+        classes[title] = type(title, bases, {**namespace, **attributes})
     return classes
+
+
+_SQLITE_BACKENDS = ("sqlite", "sqlite-normal", "sqlite-async", "sqlite-normal-async")
