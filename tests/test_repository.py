@@ -4,8 +4,10 @@ session)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +17,10 @@ import pytest
 
 import sessionlog
 from sessionlog.core import facts as F
+from sessionlog.core.ids import new_id
 from sessionlog.repositories import directory as directory_module
-from sessionlog.testing.repository_suite import RepositoryContract
+from sessionlog.repositories.index import INDEX_NAME
+from sessionlog.testing.repository_suite import AsyncRepositoryContract, RepositoryContract
 from sessionlog.testing.sessions import READ_SNAPSHOT
 from test_recovery import CURRENT
 
@@ -31,14 +35,59 @@ def _repository(kind: str, where: Path) -> Any:
     return sessionlog.repository(f"sqlite:///{where / 'sessions.db'}")
 
 
-class TestDirectoryRepository(RepositoryContract):
-    pass
+class DirectoryHooks:
+    def downgrade(self, where: Path) -> None:
+        """The index as sessionlog left it before schema versions: no version table."""
+        with contextlib.closing(sqlite3.connect(where / "repository" / INDEX_NAME)) as connection:
+            connection.execute("drop table schema_version")
+            connection.commit()
+
+    def take_over(self, where: Path, session_id: str) -> None:
+        """Another program puts a new file in the session's place."""
+        path = where / "repository" / f"{session_id}.jsonl"
+        copy = path.with_name("copy")
+        copy.write_bytes(path.read_bytes())
+        os.replace(copy, path)
 
 
-class TestSQLiteRepository(RepositoryContract):
+class SQLiteHooks:
     def location(self, where: Path) -> str:
         where.mkdir(parents=True, exist_ok=True)
         return f"sqlite:///{where / 'sessions.db'}"
+
+    def downgrade(self, where: Path) -> None:
+        """Schema version 1: no `idle` column."""
+        with contextlib.closing(sqlite3.connect(where / "sessions.db")) as connection:
+            connection.executescript(
+                "drop index sessions_open; alter table sessions drop column idle; "
+                "update schema_version set version = 1;"
+            )
+
+    def take_over(self, where: Path, session_id: str) -> None:
+        """A writer on another host takes the session (its hold of the row, a new epoch)."""
+        with contextlib.closing(sqlite3.connect(where / "sessions.db")) as connection:
+            connection.execute(
+                "update sessions set writer = 'elsewhere:1', writer_epoch = writer_epoch + 1 "
+                "where session_id = ?",
+                (session_id,),
+            )
+            connection.commit()
+
+
+class TestDirectoryRepository(DirectoryHooks, RepositoryContract):
+    pass
+
+
+class TestSQLiteRepository(SQLiteHooks, RepositoryContract):
+    pass
+
+
+class TestAsyncDirectoryRepository(DirectoryHooks, AsyncRepositoryContract):
+    pass
+
+
+class TestAsyncSQLiteRepository(SQLiteHooks, AsyncRepositoryContract):
+    pass
 
 
 def _user(text: str) -> list[dict[str, Any]]:
@@ -255,3 +304,78 @@ def test_the_cli_on_a_repository(kind: str, tmp_path: Path, cli: Any) -> None:
     assert cli("rm", name).code == 2
     assert cli("ls", "nope://x").code == 2
     repo.close()
+
+
+def test_the_cli_reads_a_held_sqlite_session_without_taking_the_writer_hold(tmp_path: Path, cli: Any) -> None:
+    path = tmp_path / "agent.db"
+    with sessionlog.create(path, backend="sqlite", **HEADER) as store:
+        store.commit(_user("hello"))
+        assert cli("verify", path, "--backend", "sqlite").code == 0
+        assert cli("inspect", path, "--backend", "sqlite", "--json").json()["lastSeq"] == 2
+        store.commit([F.user_message("still the writer")])  # not fenced by the reads
+    assert cli("verify", path, "--backend", "sqlite-async").code == 0
+
+
+def test_a_sqlite_path_names_one_session_of_a_database_of_many(tmp_path: Path) -> None:
+    database = tmp_path / "sessions.db"
+    with sessionlog.create(database, backend="sqlite", **HEADER) as store:
+        first = store.load().session_id
+    with pytest.raises(sessionlog.SessionExistsError, match="holds session"):
+        sessionlog.create(database, backend="sqlite", **HEADER)
+    second = new_id()
+    with sessionlog.create(f"{database}#{second}", backend="sqlite", session_id=second, **HEADER) as store:
+        store.commit(_user("the second"))
+    with pytest.raises(ValueError, match="names session"):
+        sessionlog.create(f"{database}#{new_id()}", backend="sqlite", **HEADER)
+    with pytest.raises(sessionlog.SessionPathError, match="many sessions"):
+        sessionlog.open(database, backend="sqlite")
+    with sessionlog.open(f"{database}#{first}", backend="sqlite") as store:
+        assert store.load().last_seq == 0
+    with sessionlog.repository(f"sqlite:///{database}") as repo:
+        assert {row.session_id for row in repo.list()} == {first, second}
+        assert repo.load(second).last_seq == 2
+
+
+def test_convert_copies_a_session_between_repositories_byte_for_byte(tmp_path: Path, cli: Any) -> None:
+    directory = sessionlog.repository(tmp_path / "dir")
+    with directory.create(**HEADER) as store:
+        store.commit(_user("move me"))
+        session_id = store.load().session_id
+    database = f"sqlite:///{tmp_path / 'sessions.db'}"
+    run = cli("convert", f"{tmp_path / 'dir'}#{session_id}", database)
+    assert run.code == 0, run.err
+    with sessionlog.repository(database) as sqlite_repo:
+        assert sqlite_repo.export(session_id) == directory.export(session_id)
+        before = sqlite_repo.export(session_id)
+        run = cli("convert", f"{tmp_path / 'dir'}#{session_id}", database)
+        assert run.code == 2 and "already" in run.err  # never overwrites
+        assert sqlite_repo.export(session_id) == before
+    back = tmp_path / "back"
+    back.mkdir()
+    assert cli("convert", f"{database}#{session_id}", back).code == 0
+    assert sessionlog.repository(back).export(session_id) == before
+    assert cli("convert", f"{database}#{session_id}", back, "--to", "jsonl").code == 2
+    assert cli("convert", f"{database}#{session_id}", tmp_path / "one.jsonl", "--to", "jsonl").code == 0
+    assert (tmp_path / "one.jsonl").read_bytes() == before
+    directory.close()
+
+
+def test_repair_of_a_repository_session_drops_its_torn_tail(tmp_path: Path, cli: Any) -> None:
+    with sessionlog.repository(tmp_path / "dir") as repo:
+        with repo.create(**HEADER) as store:
+            store.commit(_user("kept"))
+            session_id = store.load().session_id
+        committed = repo.export(session_id)
+        with repo.path(session_id).open("ab") as file:
+            file.write(b'[{"kind":"ent')
+        name = f"{tmp_path / 'dir'}#{session_id}"
+        run = cli("repair", name)
+        assert run.code == 0 and "dropped a torn tail of 13 bytes" in run.out, run.err
+        assert repo.export(session_id) == committed
+        assert "no torn tail" in cli("repair", name).out
+    database = f"sqlite:///{tmp_path / 'sessions.db'}"
+    with sessionlog.repository(database) as repo, repo.create(**HEADER) as store:
+        other = store.load().session_id
+    run = cli("repair", f"{database}#{other}", "--quarantine")
+    assert run.code == 2 and "session files" in run.err
+    assert cli("repair", f"{database}#{other}").code == 0

@@ -12,9 +12,12 @@ The default location is a directory. The tests need pytest; nothing here needs a
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ import pytest
 import sessionlog
 from sessionlog.core import facts as build
 
+from .blocking import Blocking
 from .sessions import READ_SNAPSHOT
 
 HEADER: dict[str, Any] = {"provider": "openrouter", "model": "test/model", "cwd": "/w"}
@@ -41,13 +45,31 @@ def grow(store: sessionlog.SessionStore) -> None:
 
 
 class RepositoryContract:
-    """Mixin: every method of the repository API, one writer per session, listing."""
+    """Mixin: every method of the repository API, one writer per session, fencing, listing,
+    schema migrations. Hooks a repository kind overrides:
+
+    * `location(where)`: a fresh, empty place under `where` (default: a directory);
+    * `downgrade(where)`: turn the repository there into the previous schema version, as the
+      previous sessionlog left it (None: no previous version; the migration tests skip);
+    * `take_over(where, session_id)`: what another writer does to take the session (another host
+      whose lease expired, a program replacing the file); the hold of the writer open now is lost.
+    """
 
     def location(self, where: Path) -> str:
         return str(where / "repository")
 
     def repository(self, where: Path) -> Any:
         return sessionlog.repository(self.location(where))
+
+    def downgrade(self, where: Path) -> None:
+        pytest.skip(f"{type(self).__name__}: no previous schema version (no `downgrade` hook)")
+
+    def take_over(self, where: Path, session_id: str) -> None:
+        pytest.skip(f"{type(self).__name__}: no way to take a session over (no `take_over` hook)")
+
+    def _opener(self) -> str:
+        """Python source of `open_repository(location)` for a child process."""
+        return "import sessionlog\nopen_repository = sessionlog.repository\n"
 
     def test_create_list_load_export_and_labels(self, tmp_path: Path) -> None:
         with self.repository(tmp_path) as repo:
@@ -154,3 +176,119 @@ class RepositoryContract:
         with repo.open(session_id) as store:  # and a new writer takes it
             grow(store)
         repo.close()
+
+    # -- one writer ------------------------------------------------------------------------
+
+    def test_concurrent_first_writers_one_wins(self, tmp_path: Path) -> None:
+        with self.repository(tmp_path) as repo:
+            with repo.create(**HEADER) as store:
+                session_id = store.load().session_id
+            start = threading.Barrier(8)
+            outcomes: list[Any] = []
+
+            def open_it() -> None:
+                start.wait()
+                try:
+                    outcomes.append(repo.open(session_id))
+                except sessionlog.SessionLockedError as error:
+                    outcomes.append(error)
+
+            threads = [threading.Thread(target=open_it) for _ in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            winners = [outcome for outcome in outcomes if not isinstance(outcome, BaseException)]
+            assert len(outcomes) == 8 and len(winners) == 1, outcomes
+            winners[0].commit([build.user_message("the one writer")])
+            winners[0].close()
+            assert repo.load(session_id).transcript[-1]["content"] == "the one writer"
+
+    def test_a_writer_that_lost_its_hold_writes_nothing(self, tmp_path: Path) -> None:
+        with self.repository(tmp_path) as repo:
+            store = repo.create(**HEADER)
+            store.commit(prompt("mine"))
+            session_id = store.load().session_id
+            self.take_over(tmp_path, session_id)
+            before = repo.export(session_id)
+            with pytest.raises(sessionlog.StorePoisonedError):
+                store.commit([build.user_message("too late")])
+            assert repo.export(session_id) == before
+            store.close()
+
+    # -- schema versions -------------------------------------------------------------------
+
+    def test_a_repository_of_the_previous_schema_is_migrated(self, tmp_path: Path) -> None:
+        with self.repository(tmp_path) as repo:
+            with repo.create(**HEADER, labels=["kept"]) as store:
+                store.commit(prompt("from before the upgrade"))
+                session_id = store.load().session_id
+            with repo.create(**HEADER):
+                pass
+            before = repo.list()
+        self.downgrade(tmp_path)
+        with self.repository(tmp_path) as repo:
+            assert repo.list() == before
+            assert [row.session_id for row in repo.unfinished()] == [session_id]
+            with repo.open(session_id) as store:
+                grow(store)
+            assert repo.list(labels=["kept"])[0].last_seq == 3
+
+    def test_many_processes_opening_an_old_repository_at_once_all_succeed(self, tmp_path: Path) -> None:
+        with self.repository(tmp_path) as repo, repo.create(**HEADER) as store:
+            store.commit(prompt("migrate me"))
+            session_id = store.load().session_id
+        self.downgrade(tmp_path)
+        source = self._opener() + (
+            "import sys\nrepo = open_repository(sys.argv[1])\n"
+            "print(len(repo.list()), repo.load(sys.argv[2]).last_seq)\nrepo.close()\n"
+        )
+        children = [
+            subprocess.Popen(
+                [sys.executable, "-c", source, self.location(tmp_path), session_id],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(6)
+        ]
+        answers = [child.communicate(timeout=120) for child in children]
+        assert [out.split() for out, _ in answers] == [["1", "2"]] * 6, [error for _, error in answers]
+        with self.repository(tmp_path) as repo:
+            assert [row.session_id for row in repo.unfinished()] == [session_id]
+
+
+class AsyncRepositoryContract(RepositoryContract):
+    """The same tests through `sessionlog.repository_async`: each call of the async repository
+    and of its stores runs to completion on the test's own event loop (`Blocking`)."""
+
+    loop: asyncio.AbstractEventLoop
+
+    @pytest.fixture(autouse=True)
+    def _event_loop(self) -> Iterator[None]:
+        self.loop = asyncio.new_event_loop()
+        yield
+        self.loop.close()
+
+    def repository(self, where: Path) -> Any:
+        opened = self.loop.run_until_complete(sessionlog.repository_async(self.location(where)))
+        return Blocking(opened, self.loop)
+
+    def test_concurrent_first_writers_one_wins(self, tmp_path: Path) -> None:
+        with self.repository(tmp_path) as repo:
+            with repo.create(**HEADER) as store:
+                session_id = store.load().session_id
+
+            async def open_at_once() -> list[Any]:
+                opens = [repo._thing.open(session_id) for _ in range(8)]
+                return await asyncio.gather(*opens, return_exceptions=True)
+
+            outcomes = self.loop.run_until_complete(open_at_once())
+            winners = [outcome for outcome in outcomes if not isinstance(outcome, BaseException)]
+            assert len(winners) == 1, outcomes
+            assert all(
+                isinstance(outcome, sessionlog.SessionLockedError)
+                for outcome in outcomes
+                if outcome not in winners
+            )
+            self.loop.run_until_complete(winners[0].close())
