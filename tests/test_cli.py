@@ -88,7 +88,7 @@ def test_backends_lists_every_registered_backend(cli: Any) -> None:
         ["nope"],
         ["verify"],
         ["plan", "x.jsonl"],
-        ["convert", "a", "b"],
+        ["convert", "a"],
         ["inspect", "x", "--progress", "maybe"],
     ],
 )
@@ -515,6 +515,8 @@ def test_convert_refuses_bad_input_and_leaves_nothing_behind(cli: Any, tmp_path:
     assert run.code == 2
     assert "already exists" in one_line(run.err)
     assert existing.read_bytes() == kept
+    run = cli("convert", source, tmp_path / "d.jsonl")
+    assert run.code == 2 and "--to BACKEND is needed" in run.err
     run = cli("convert", source, tmp_path / "d.jsonl", "--to", "nope")
     assert run.code == 2
     assert "unknown backend 'nope'" in one_line(run.err)

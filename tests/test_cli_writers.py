@@ -58,9 +58,9 @@ def test_repair_reports_what_it_cut_under_the_lock_never_a_negative_count(
     stale = path.read_bytes()[:-10]  # what a read saw before the torn write grew the file
     real = sessions_module.read_session
 
-    def stale_first(*args: Any) -> bytes:
+    def stale_first(*args: Any) -> tuple[bytes, dict[str, Any]]:
         monkeypatch.setattr(sessions_module, "read_session", real)
-        return stale
+        return stale, {}
 
     monkeypatch.setattr(sessions_module, "read_session", stale_first)
     size = path.stat().st_size

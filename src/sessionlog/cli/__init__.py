@@ -8,7 +8,7 @@
     sessionlog plan FILE --current CONFIG.json [--backend NAME] [--json]
     sessionlog recover FILE --current CONFIG.json [--backend NAME] [--dry-run] [--json]
     sessionlog abort FILE --current CONFIG.json [--phase {model,tool,compact}] [--backend NAME] [--json]
-    sessionlog convert SRC DST --to BACKEND [--backend NAME]
+    sessionlog convert SRC DST --to BACKEND [--backend NAME]   (or SRC REPOSITORY)
     sessionlog ls LOCATION [--status S] [--label L] [--limit N] [--json]
     sessionlog export LOCATION#SESSION_ID [-o FILE]
     sessionlog import LOCATION FILE [--label L]
@@ -166,8 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="copy a session into another backend, every transaction unchanged",
     )
     sub.add_argument("src", metavar="SRC", help="the session to copy")
-    sub.add_argument("dst", metavar="DST", help="the new session (must not exist)")
-    sub.add_argument("--to", required=True, metavar="BACKEND", help="the backend of DST")
+    sub.add_argument(
+        "dst",
+        metavar="DST",
+        help="the new session (must not exist), or a repository (a directory, sqlite:///PATH) to "
+        "import it into under its own id",
+    )
+    sub.add_argument("--to", metavar="BACKEND", help="the backend of DST (when DST is a session path)")
     common(sub)
     repos.add_commands(commands)
     return parser

@@ -19,10 +19,7 @@ from ..core.framing import lines
 from ..maintenance import link_into_place, sync_file
 from ..plugins.registry import Registry
 from .output import Progress, out
-from .sessions import (
-    Mismatch,
-    load_session,
-)
+from .sessions import Mismatch, UsageError, load_session, open_repository
 
 _CHUNK_BYTES = 4 << 20
 
@@ -64,7 +61,16 @@ async def _write_async(backend: Any, body: list[bytes], progress: Progress) -> N
         progress.update(written)
 
 
+def is_repository(location: str) -> bool:
+    """A URL (`sqlite:///...`) or an existing directory: a place of many sessions."""
+    return "://" in location or os.path.isdir(location)
+
+
 def cmd_convert(args: argparse.Namespace, registry: Registry) -> int:
+    if is_repository(args.dst):
+        return _into_repository(args, registry)
+    if args.to is None:
+        raise UsageError(f"--to BACKEND is needed: {args.dst} is not a repository (a directory or a URL)")
     info = registry.info(args.to)  # an unknown target is a usage error before anything is read
     destination = Path(args.dst)
     if info.plain_file:
@@ -128,3 +134,20 @@ def _copy(
             await opened.close()
 
     asyncio.run(copy_async())
+
+
+def _into_repository(args: argparse.Namespace, registry: Registry) -> int:
+    """Import the committed bytes of SRC into the repository DST, under the session's own id: the
+    repository validates them and refuses an id it holds already; nothing is stored partly."""
+    if args.to is not None:
+        raise UsageError(f"{args.dst} is a repository: it chooses how it stores sessions (drop --to)")
+    data, state = load_session(args.src, args.backend, registry, args.progress)
+    with open_repository(args.dst, registry) as repository:
+        session_id = repository.import_(data[: state.repaired_length])
+        if repository.load(session_id) != state:
+            raise Mismatch(f"{args.dst}#{session_id} does not reduce to the state of {args.src}")
+    out(
+        f"converted {args.src} -> {args.dst}#{session_id}: last seq {state.last_seq}, "
+        f"{state.repaired_length:,} bytes"
+    )
+    return 0

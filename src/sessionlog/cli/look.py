@@ -15,7 +15,6 @@ from .output import PROG, compact, out, out_json
 from .sessions import (
     count_lines,
     load_session,
-    read_rule,
     read_session,
     reduce_session,
 )
@@ -36,11 +35,11 @@ def cmd_backends(args: argparse.Namespace, registry: Registry) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace, registry: Registry) -> int:
-    data = read_session(args.file, args.backend, registry)
+    data, rule = read_session(args.file, args.backend, registry)
     try:
-        state = reduce_session(args.file, data, args.progress, read_rule(registry, args.backend))
+        state = reduce_session(args.file, data, args.progress, rule)
     except CorruptionError as error:
-        prefix = _valid_prefix(data, read_rule(registry, args.backend))
+        prefix = _valid_prefix(data, rule)
         if args.json:
             failed = {"path": args.file, "backend": args.backend, "ok": False, "error": error.to_json()}
             failed["error"]["offset"] = error.offset
@@ -155,9 +154,9 @@ def cmd_verify(args: argparse.Namespace, registry: Registry) -> int:
 
 
 def cmd_reduce(args: argparse.Namespace, registry: Registry) -> int:
-    data = read_session(args.file, args.backend, registry)
+    data, rule = read_session(args.file, args.backend, registry)
     try:
-        state = reduce_session(args.file, data, args.progress, read_rule(registry, args.backend))
+        state = reduce_session(args.file, data, args.progress, rule)
     except CorruptionError as error:
         out_json({"ok": False, "error": error.to_json()})
         raise

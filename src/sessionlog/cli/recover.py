@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from ..core.errors import (
 )
 from ..core.planner import plan_recovery
 from ..core.state import SessionState
-from ..core.store import SessionStore, reduce_stored
+from ..core.store import reduce_stored
 from ..plugins.registry import Registry
 from ..recovery import Plan, recover, recover_async
 from ..runtime import RuntimeStateError, abort_facts
@@ -27,8 +26,7 @@ from .sessions import (
     in_repository,
     load_current,
     load_session,
-    open_repository,
-    read_rule,
+    open_for_writing,
     read_session,
 )
 
@@ -78,13 +76,13 @@ def _recover(
     facts if any, then every recovery step that needs no effect. Returns the plan left and
     whether the session is then idle."""
     if getattr(args, "dry_run", False):
-        data = read_session(args.file, args.backend, registry)
-        memory = MemoryStore(data, args.file, power=read_rule(registry, args.backend))
+        data, rule = read_session(args.file, args.backend, registry)
+        memory = MemoryStore(data, args.file, power=rule)
         if first is not None and (facts := first(memory.load())):
             on_commit({"type": "abort"}, memory.commit(facts))
         return recover(memory, current, on_commit=on_commit), memory.load().is_idle
     if in_repository(args.file) or registry.info(args.backend).api == "sync":
-        with _open_for_writing(args.file, args.backend, registry) as store:
+        with open_for_writing(args.file, args.backend, registry) as store:
             if first is not None and (facts := first(store.load())):
                 on_commit({"type": "abort"}, store.commit(facts))
             return recover(store, current, on_commit=on_commit), store.load().is_idle
@@ -97,18 +95,6 @@ def _recover(
             return left, (await store.load()).is_idle
 
     return asyncio.run(in_loop())
-
-
-@contextlib.contextmanager
-def _open_for_writing(name: str, backend: str, registry: Registry) -> Iterator[SessionStore]:
-    """A session for writing: a file by backend, or `LOCATION#SESSION_ID` in a repository."""
-    if not in_repository(name):
-        with opening.open(name, backend, registry=registry) as store:
-            yield store
-        return
-    location, session_id = name.rsplit("#", 1)
-    with open_repository(location, registry) as repository, repository.open(session_id) as store:
-        yield store
 
 
 def _run_recovery(args: argparse.Namespace, registry: Registry, first: AbortFacts | None = None) -> int:

@@ -10,11 +10,9 @@ from .. import opening
 from ..core.state import SessionState
 from ..maintenance import quarantine
 from ..plugins.registry import Registry
+from ..repositories.directory import DirectoryRepository
 from .output import out
-from .sessions import (
-    UsageError,
-    load_session,
-)
+from .sessions import UsageError, in_repository, load_session, open_for_writing, open_repository
 
 
 def cmd_repair(args: argparse.Namespace, registry: Registry) -> int:
@@ -36,8 +34,8 @@ def cmd_repair(args: argparse.Namespace, registry: Registry) -> int:
         return 0
     # Opening a store for writing is the repair, under the writer lock: it reads and reduces again
     # and truncates the torn tail it finds then (the bytes counted above may have changed since).
-    if registry.info(args.backend).api == "sync":
-        with opening.open(args.file, args.backend, registry=registry) as store:
+    if in_repository(args.file) or registry.info(args.backend).api == "sync":
+        with open_for_writing(args.file, args.backend, registry) as store:
             dropped, kept = store.torn_bytes, store.load()
     else:
 
@@ -54,10 +52,18 @@ def cmd_repair(args: argparse.Namespace, registry: Registry) -> int:
 
 
 def _quarantine(args: argparse.Namespace, registry: Registry) -> int:
-    info = registry.info(args.backend)
+    path, info = Path(args.file), registry.info(args.backend)
+    if in_repository(args.file):  # a directory repository's session is a file too
+        location, session_id = args.file.rsplit("#", 1)
+        with open_repository(location, registry) as repository:
+            if not isinstance(repository, DirectoryRepository):
+                raise UsageError(
+                    f"--quarantine works on session files; {location} keeps its sessions elsewhere"
+                )
+            path, info = repository.path(session_id), registry.info(repository.backend)
     if not info.plain_file:
         raise UsageError(f"--quarantine works on a session file; backend {args.backend!r} stores elsewhere")
-    report = quarantine(Path(args.file), info.nul_rule(), dry_run=args.dry_run)
+    report = quarantine(path, info.nul_rule(), dry_run=args.dry_run)
     if report is None:
         out(f"{args.file}: valid, nothing to quarantine")
         return 0

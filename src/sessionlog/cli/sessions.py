@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .. import opening
 from ..backends.jsonl_file import read_session_file
 from ..core.errors import (
     ConfigurationError,
@@ -20,6 +23,7 @@ from ..core.loading import reduce_bytes
 from ..core.planner import check_current
 from ..core.reducer import is_uuid7
 from ..core.state import SessionState
+from ..core.store import SessionStore
 from ..plugins.registry import Registry
 from .output import Progress, status
 
@@ -34,38 +38,57 @@ class Mismatch(SessionLogError):
     """A converted session does not reduce to the state of its source (exit 1)."""
 
 
-def read_session(path: str, backend: str, registry: Registry) -> bytes:
-    """The stored bytes of a session, read-only: the file itself for the built-in file backends,
-    otherwise the backend's own read path (opened, read, closed; never truncated)."""
+def read_session(path: str, backend: str, registry: Registry) -> tuple[bytes, dict[str, Any]]:
+    """The stored bytes of a session, read-only, and how its store reads them (`BackendInfo.
+    nul_rule`): the file itself for the built-in file backends and a directory repository's
+    sessions, otherwise the backend's own read path (opened, read, closed; never truncated),
+    without the writer's hold where the backend can (`BackendInfo.opens_read_only`)."""
     if in_repository(path):
+        from ..repositories.directory import DirectoryRepository
+
         location, session_id = path.rsplit("#", 1)
         with open_repository(location, registry) as repository:
-            return bytes(repository.export(session_id))
+            if isinstance(repository, DirectoryRepository):  # as stored, a torn tail included
+                return read_session_file(repository.path(session_id)), repository.rule
+            return bytes(repository.export(session_id)), repository.info.nul_rule()
     info = registry.info(backend)
     if info.plain_file:  # the session is the file: read it directly, without opening a writer
-        return read_session_file(path)
+        return read_session_file(path), info.nul_rule()
     factory = registry.factory(backend)
+    options = {"read_only": True} if info.opens_read_only else {}  # else it is opened as a writer
     if info.api == "sync":
-        opened = factory(Path(path), create=None)
+        opened = factory(Path(path), create=None, **options)
         try:
-            return bytes(opened.read())
+            return bytes(opened.read()), info.nul_rule()
         finally:
             opened.close()
 
     async def read_async() -> bytes:
-        opened = await factory(Path(path), create=None)
+        opened = await factory(Path(path), create=None, **options)
         try:
             return bytes(await opened.read())
         finally:
             await opened.close()
 
-    return asyncio.run(read_async())
+    return asyncio.run(read_async()), info.nul_rule()
 
 
 def in_repository(path: str) -> bool:
     """`LOCATION#SESSION_ID` names a session in a repository (a directory or `sqlite:///...`)."""
     location, separator, session_id = path.rpartition("#")
     return bool(separator and location and is_uuid7(session_id))
+
+
+@contextlib.contextmanager
+def open_for_writing(name: str, backend: str, registry: Registry) -> Iterator[SessionStore]:
+    """A session for writing: a file by (sync) backend, or `LOCATION#SESSION_ID` in a repository."""
+    if not in_repository(name):
+        with opening.open(name, backend, registry=registry) as store:
+            yield store
+        return
+    location, session_id = name.rsplit("#", 1)
+    with open_repository(location, registry) as repository, repository.open(session_id) as store:
+        yield store
 
 
 def open_repository(location: str, registry: Registry) -> Any:
@@ -75,11 +98,6 @@ def open_repository(location: str, registry: Registry) -> Any:
         return repository(location, registry=registry)
     except ValueError as error:
         raise UsageError(str(error)) from None
-
-
-def read_rule(registry: Registry, backend: str) -> dict[str, Any]:
-    """How the backend reads its log: in the power class a NUL-bearing last write is torn."""
-    return registry.info(backend).nul_rule()
 
 
 def reduce_session(path: str, data: bytes, mode: str, power: dict[str, Any]) -> SessionState:
@@ -113,8 +131,8 @@ def _power_class_would_open(data: bytes) -> bool:
 
 def load_session(path: str, backend: str, registry: Registry, mode: str) -> tuple[bytes, SessionState]:
     """The stored bytes of a session and their state, read-only, as a store of `backend` reads them."""
-    data = read_session(path, backend, registry)
-    return data, reduce_session(path, data, mode, read_rule(registry, backend))
+    data, rule = read_session(path, backend, registry)
+    return data, reduce_session(path, data, mode, rule)
 
 
 def count_lines(data: bytes, end: int, mode: str, path: str) -> dict[str, Any]:
