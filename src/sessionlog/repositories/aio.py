@@ -8,9 +8,10 @@ that thread only). Commits:
   group commit per session, as `open_async` gives them;
 * a SQLite repository funnels the commits of **all** its sessions through one writer thread
   (`BatchWriter`): every batch queued while the previous transaction was being written goes
-  into one SQLite transaction, so one sync covers many sessions; each session's batch is in a
-  savepoint, so one that is fenced fails alone, never its neighbours. A commit is acknowledged
-  only after the transaction holding it committed.
+  into one SQLite transaction, so one sync covers many sessions. A session's batch starts with
+  the fenced update of its summary row, so one that is fenced has written nothing and fails
+  alone, never its neighbours (no savepoint is needed). A commit is acknowledged only after the
+  transaction holding it committed.
 """
 
 from __future__ import annotations
@@ -178,7 +179,7 @@ _Batch = tuple[SessionRows, list[bytes], "concurrent.futures.Future[None]"]
 
 class BatchWriter:
     """One thread with its own connection: the batches of every session queued meanwhile go into
-    one transaction, each in a savepoint (a fenced one is rolled back alone)."""
+    one transaction (a fenced one wrote nothing and fails alone)."""
 
     def __init__(self, repository: SQLiteRepository) -> None:
         self.repository = repository
@@ -220,13 +221,10 @@ class BatchWriter:
         try:
             with self.repository.transaction(self.connection) as connection:
                 for rows, lines, future in batch:
-                    connection.execute("savepoint batch")
-                    try:
+                    try:  # the summary row's update comes first: a fenced one changed nothing
                         written: Any = rows.write(connection, lines)
                     except SessionChangedError as error:
-                        connection.execute("rollback to batch")
                         written = error
-                    connection.execute("release batch")
                     outcomes.append((rows, future, written))
         except BaseException as error:  # the transaction failed: none of it was committed
             for _, _, future in batch:

@@ -169,7 +169,12 @@ class DirectoryRepository(RepositoryBase):
         """Sessions newest first (by last write), filtered (`Filters`), at most `limit`, after
         `cursor` (the `cursor` of the last row of the previous page)."""
         wanted = Filters(**filters)
-        candidates = sorted(self._candidates(), key=lambda candidate: candidate.key, reverse=True)
+        labels = self._index.labels()
+        found = sorted(self._summaries(), key=_newest_first, reverse=True)
+        candidates = (
+            Candidate(summary, labels.get(summary["session_id"], ()), functools.partial(_held, path))
+            for summary, path in found  # made only for the rows a page reaches
+        )
         return page(candidates, wanted)
 
     def latest(self, **filters: Any) -> SessionInfo | None:
@@ -180,26 +185,25 @@ class DirectoryRepository(RepositoryBase):
         """Sessions with an unfinished run or compaction and no live writer: to recover."""
         return self.list(status="needs-recovery", limit=None)
 
-    def _candidates(self) -> builtins.list[Candidate]:
-        """Every session's summary, reducing only the files that changed since the index saw them
-        (the index is read once per repository object, then kept in memory)."""
+    def _summaries(self) -> builtins.list[tuple[dict[str, Any], str]]:
+        """Every session's summary and file, reducing only the files that changed since the index
+        saw them (the index is read once per repository object, then kept in memory)."""
         if self._cached is None:
             self._cached = self._index.cached()
         cached = self._cached
-        labels = self._index.labels()
-        fresh, candidates = [], []
+        fresh, found = [], []
         present = set()
         for entry in os.scandir(self.directory):
             name = entry.name
-            if not name.endswith(SUFFIX) or not is_uuid7(name[: -len(SUFFIX)]):
-                continue
+            session_id = name[: -len(SUFFIX)]
+            if not name.endswith(SUFFIX) or (session_id not in cached and not is_uuid7(session_id)):
+                continue  # an id in the index was checked when it was indexed
             try:
                 status = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue  # deleted meanwhile
             if not stat.S_ISREG(status.st_mode):
                 continue
-            session_id = name[: -len(SUFFIX)]
             present.add(session_id)
             mark = signature(status)
             known = cached.get(session_id)
@@ -209,15 +213,13 @@ class DirectoryRepository(RepositoryBase):
                 summary = {**self._summarize(Path(entry.path), status), "session_id": session_id}
                 fresh.append((session_id, mark, summary))
                 cached[session_id] = (mark, summary)
-            candidates.append(
-                Candidate(summary, labels.get(session_id, ()), functools.partial(_held, entry.path))
-            )
+            found.append((summary, entry.path))
         gone = [session_id for session_id in cached if session_id not in present]
         for session_id in gone:
             del cached[session_id]
         if fresh or gone:
             self._index.store(fresh, gone)
-        return candidates
+        return found
 
     def _summarize(self, path: Path, status: os.stat_result) -> dict[str, Any]:
         try:
@@ -230,6 +232,10 @@ class DirectoryRepository(RepositoryBase):
                 "updated_at": status.st_mtime_ns // 1_000_000,
             }
         return summary_of(state, data, status.st_mtime_ns // 1_000_000)
+
+
+def _newest_first(found: tuple[dict[str, Any], str]) -> tuple[int, str]:
+    return (found[0]["updated_at"], found[0]["session_id"])
 
 
 def summary_of(state: SessionState, data: bytes, updated_at: int) -> dict[str, Any]:

@@ -170,25 +170,38 @@ class SQLiteRepository(RepositoryBase):
     def transaction(self, connection: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
         """`BEGIN IMMEDIATE` ... `COMMIT`, retried with jitter while the database is busy."""
         connection = connection or self.connection
-        deadline = time.monotonic() + _BUSY_SECONDS
-        while True:
-            try:
-                connection.execute("begin immediate")
-                break
-            except sqlite3.OperationalError as error:
-                if "locked" not in str(error) and "busy" not in str(error):
-                    raise SessionPathError(0, f"{self.path}: {error}", str(self.path)) from None
-                if time.monotonic() > deadline:
-                    raise SessionLockedError(
-                        f"{self.path}: the database stayed busy for {_BUSY_SECONDS:.0f} s"
-                    ) from None
-                time.sleep(random.uniform(0.001, 0.01))
+        self.begin(connection)
         try:
             yield connection
         except BaseException:
             connection.execute("rollback")
             raise
         connection.execute("commit")  # not in a finally: a failed transaction is rolled back above
+
+    def begin(self, connection: sqlite3.Connection) -> None:
+        """`BEGIN IMMEDIATE` (the write lock), retried with jitter while the database is busy;
+        SessionLockedError once it stayed busy for a few seconds."""
+        try:
+            connection.execute("begin immediate")
+            return
+        except sqlite3.OperationalError as error:
+            self._check_busy(error)
+        deadline = time.monotonic() + _BUSY_SECONDS
+        while True:
+            time.sleep(random.uniform(0.001, 0.01))
+            try:
+                connection.execute("begin immediate")
+                return
+            except sqlite3.OperationalError as error:
+                self._check_busy(error)
+                if time.monotonic() > deadline:
+                    raise SessionLockedError(
+                        f"{self.path}: the database stayed busy for {_BUSY_SECONDS:.0f} s"
+                    ) from None
+
+    def _check_busy(self, error: sqlite3.OperationalError) -> None:
+        if "locked" not in str(error) and "busy" not in str(error):
+            raise SessionPathError(0, f"{self.path}: {error}", str(self.path)) from None
 
     def _id(self, session_id: str) -> str:
         if not is_uuid7(session_id):
@@ -442,7 +455,7 @@ class SessionRows:
                 head_line,
                 head_bytes,
                 time.time_ns() // 1_000_000,
-                json.dumps(summary),
+                orjson.dumps(summary).decode(),
                 summary["idle"],
                 self.session_id,
                 self.epoch,
@@ -450,10 +463,13 @@ class SessionRows:
             ),
         ).rowcount
         self.check(changed)
-        connection.executemany(
-            "insert into lines values (?, ?, ?)",
-            [(self.session_id, self.head_line + number, line) for number, line in enumerate(lines, 1)],
-        )
+        if len(lines) == 1:
+            connection.execute("insert into lines values (?, ?, ?)", (self.session_id, head_line, lines[0]))
+        else:
+            connection.executemany(
+                "insert into lines values (?, ?, ?)",
+                [(self.session_id, self.head_line + number, line) for number, line in enumerate(lines, 1)],
+            )
         return head_line, head_bytes, summary
 
     def cut(self, connection: sqlite3.Connection, length: int) -> None:
@@ -562,8 +578,14 @@ class SQLiteSession(SessionRows):
         self.cut(self.connection, length)
 
     def append(self, line: bytes) -> None:
-        with self.repository.transaction(self.connection) as connection:
-            written = self.write(connection, [line])
+        connection = self.connection  # the hot path: `transaction()` without its generator
+        self.repository.begin(connection)
+        try:
+            written = self.write(connection, (line,))
+        except BaseException:
+            connection.execute("rollback")
+            raise
+        connection.execute("commit")
         self.advance(written)
 
     def close(self) -> None:
