@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -379,3 +380,28 @@ def test_repair_of_a_repository_session_drops_its_torn_tail(tmp_path: Path, cli:
     run = cli("repair", f"{database}#{other}", "--quarantine")
     assert run.code == 2 and "session files" in run.err
     assert cli("repair", f"{database}#{other}").code == 0
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "sqlite-normal", "sqlite-async", "sqlite-normal-async"])
+def test_a_full_disk_under_a_sqlite_backend_is_enospc_and_loses_nothing(backend: str) -> None:
+    from sessionlog.testing.faults import real_enospc
+
+    result = real_enospc(backend, size="256k")
+    if result.skipped is not None:
+        pytest.skip(f"no small filesystem to fill: {result.skipped}")
+    assert result.failures == [] and result.lost == 0 and result.acknowledged > 0
+
+
+def test_a_store_whose_release_could_not_be_written_holds_nothing(tmp_path: Path) -> None:
+    """A full disk can keep the row naming this (live) process: the session still reopens here."""
+    path = tmp_path / "agent.db"
+    store = sessionlog.create(path, backend="sqlite", **HEADER)
+    session_id = store.load().session_id
+    store.close()
+    with contextlib.closing(sqlite3.connect(path)) as connection:  # what a failed release leaves
+        connection.execute("update sessions set writer = ?", (f"{socket.gethostname()}:{os.getpid()}",))
+        connection.commit()
+    with sessionlog.open(path, backend="sqlite") as store:
+        assert store.load().session_id == session_id
+        with pytest.raises(sessionlog.SessionLockedError):
+            sessionlog.open(path, backend="sqlite")  # this one is held, by the store above

@@ -170,3 +170,35 @@ async def open_async(
 ) -> AsyncSessionStore:
     """`open` for async backends."""
     return await _open_async(path, backend, None, registry, max_line_bytes, options)
+
+
+def read_stored(path: str | os.PathLike[str], backend: str, registry: Registry | None = None) -> bytes:
+    """Every stored byte of the session at `path`, read-only (a torn tail included, nothing cut):
+    the file itself for a plain-file backend, else the backend's own read path, opened, read and
+    closed, without the writer's hold where the backend can (`BackendInfo.opens_read_only`;
+    otherwise it is opened as a writer would open it)."""
+    from .backends.jsonl_file import read_session_file
+
+    registry = registry if registry is not None else default_registry()
+    info = registry.info(backend)
+    if info.plain_file:
+        return read_session_file(path)
+    factory = registry.factory(backend)
+    options = {"read_only": True} if info.opens_read_only else {}
+    if info.api == "sync":
+        opened = factory(Path(path), create=None, **options)
+        try:
+            return bytes(opened.read())
+        finally:
+            opened.close()
+
+    async def read_async() -> bytes:
+        opened = await factory(Path(path), create=None, **options)
+        try:
+            return bytes(await opened.read())
+        finally:
+            await opened.close()
+
+    import asyncio
+
+    return asyncio.run(read_async())

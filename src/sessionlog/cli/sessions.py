@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from .. import opening
@@ -51,26 +49,7 @@ def read_session(path: str, backend: str, registry: Registry) -> tuple[bytes, di
             if isinstance(repository, DirectoryRepository):  # as stored, a torn tail included
                 return read_session_file(repository.path(session_id)), repository.rule
             return bytes(repository.export(session_id)), repository.info.nul_rule()
-    info = registry.info(backend)
-    if info.plain_file:  # the session is the file: read it directly, without opening a writer
-        return read_session_file(path), info.nul_rule()
-    factory = registry.factory(backend)
-    options = {"read_only": True} if info.opens_read_only else {}  # else it is opened as a writer
-    if info.api == "sync":
-        opened = factory(Path(path), create=None, **options)
-        try:
-            return bytes(opened.read()), info.nul_rule()
-        finally:
-            opened.close()
-
-    async def read_async() -> bytes:
-        opened = await factory(Path(path), create=None, **options)
-        try:
-            return bytes(await opened.read())
-        finally:
-            await opened.close()
-
-    return asyncio.run(read_async()), info.nul_rule()
+    return opening.read_stored(path, backend, registry), registry.info(backend).nul_rule()
 
 
 def in_repository(path: str) -> bool:

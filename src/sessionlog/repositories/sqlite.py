@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import errno
 import functools
 import json
 import os
@@ -90,15 +91,21 @@ def _me() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _held_by(writer: str | None) -> bool:
-    return writer is not None and _alive(writer)
+# The sessions this process holds open for writing: (database, session id) -> writer epoch. A row
+# naming this process as its writer is held only if it is here: a store whose release could not
+# be written (a full disk) or that was dropped leaves a row naming a live process, but no hold.
+_HELD_HERE: dict[tuple[str, str], int] = {}
 
 
-def _alive(holder: str) -> bool:
-    """Whether the writer named `holder` (host:pid) may still be alive."""
+def _held(holder: str | None, key: tuple[str, str]) -> bool:
+    """Whether the writer named `holder` (host:pid) may still hold the session `key`."""
+    if holder is None:
+        return False
     host, _, pid = holder.rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return True  # another host: only a lease can tell (PostgreSQL repositories have them)
+    if int(pid) == os.getpid():
+        return key in _HELD_HERE
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
@@ -117,6 +124,7 @@ class SQLiteRepository(RepositoryBase):
         if durability not in ("power", "process"):
             raise ValueError(f"durability is power or process, not {durability!r}")
         self.path = Path(path)
+        self.key = str(self.path.resolve())  # the database, whatever the path's spelling
         self.info = INFOS[durability, "sync"]
         self.async_info = INFOS[durability, "async"]
         self._synchronous = "full" if durability == "power" else "normal"
@@ -173,10 +181,13 @@ class SQLiteRepository(RepositoryBase):
         self.begin(connection)
         try:
             yield connection
-        except BaseException:
-            connection.execute("rollback")
+            connection.execute("commit")  # not in a finally: a failed transaction is rolled back
+        except BaseException as error:
+            with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled it back already
+                connection.execute("rollback")
+            if isinstance(error, sqlite3.Error):
+                raise os_error(error, self.path) from error
             raise
-        connection.execute("commit")  # not in a finally: a failed transaction is rolled back above
 
     def begin(self, connection: sqlite3.Connection) -> None:
         """`BEGIN IMMEDIATE` (the write lock), retried with jitter while the database is busy;
@@ -200,8 +211,8 @@ class SQLiteRepository(RepositoryBase):
                     ) from None
 
     def _check_busy(self, error: sqlite3.OperationalError) -> None:
-        if "locked" not in str(error) and "busy" not in str(error):
-            raise SessionPathError(0, f"{self.path}: {error}", str(self.path)) from None
+        if error.sqlite_errorcode & 0xFF not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            raise os_error(error, self.path) from error
 
     def _id(self, session_id: str) -> str:
         if not is_uuid7(session_id):
@@ -280,12 +291,13 @@ class SQLiteRepository(RepositoryBase):
             if row is None:
                 raise SessionNotFoundError(0, f"no session {session_id} in {self.path}", str(self.path))
             holder, epoch = row
-            if holder is not None and _alive(holder):
+            if _held(holder, (self.key, session_id)):
                 raise SessionLockedError(f"session {session_id} in {self.path} is held by {holder}")
             open_connection.execute(
                 "update sessions set writer = ?, writer_epoch = ? where session_id = ?",
                 (_me(), epoch + 1, session_id),
             )
+        _HELD_HERE[self.key, session_id] = epoch + 1
         return int(epoch) + 1
 
     def create_row(
@@ -347,7 +359,7 @@ class SQLiteRepository(RepositoryBase):
             ).fetchone()
             if row is None:
                 raise SessionNotFoundError(0, f"no session {session_id} in {self.path}", str(self.path))
-            if row[0] is not None and _alive(row[0]):
+            if _held(row[0], (self.key, session_id)):
                 raise SessionLockedError(f"session {session_id} is held by {row[0]}; nothing was deleted")
             connection.execute("delete from sessions where session_id = ?", (session_id,))  # lines cascade
 
@@ -388,7 +400,7 @@ class SQLiteRepository(RepositoryBase):
             f"from sessions {where} order by updated_at desc, session_id desc",
             values,
         )
-        return page(map(_candidate, rows), wanted)
+        return page(map(functools.partial(_candidate, self.key), rows), wanted)
 
     def latest(self, **filters: Any) -> SessionInfo | None:
         found = self.list(**{**filters, "limit": 1})
@@ -398,11 +410,27 @@ class SQLiteRepository(RepositoryBase):
         return self.list(status="needs-recovery", limit=None)
 
 
-def _candidate(row: tuple[Any, ...]) -> Candidate:
+_ERRNO = {
+    sqlite3.SQLITE_FULL: errno.ENOSPC,
+    sqlite3.SQLITE_READONLY: errno.EROFS,
+    sqlite3.SQLITE_PERM: errno.EACCES,
+    sqlite3.SQLITE_CANTOPEN: errno.ENOENT,
+}
+
+
+def os_error(error: sqlite3.Error, path: Path) -> SessionPathError:
+    """A SQLite error as the OSError it is (ENOSPC for a full disk, EIO for I/O and the rest),
+    naming the database: a raw `sqlite3` error never escapes a repository."""
+    code = getattr(error, "sqlite_errorcode", None)
+    number = _ERRNO.get(code & 0xFF, errno.EIO) if code is not None else errno.EIO
+    return SessionPathError(number, f"{path}: {error}", str(path))
+
+
+def _candidate(key: str, row: tuple[Any, ...]) -> Candidate:
     session_id, created, updated, lines, size, summary, labels, writer = row
     fields = json.loads(summary)
     fields.update(session_id=session_id, created_at=created, updated_at=updated, lines=lines, bytes=size)
-    return Candidate(fields, tuple(json.loads(labels)), functools.partial(_held_by, writer))
+    return Candidate(fields, tuple(json.loads(labels)), functools.partial(_held, writer, (key, session_id)))
 
 
 def summary_row(state: SessionState) -> dict[str, Any]:
@@ -513,9 +541,13 @@ class SessionRows:
         self.head_line, self.head_bytes, self.summary = written
 
     def release(self, connection: sqlite3.Connection) -> None:
-        """Give up the hold (if it is still this writer's)."""
+        """Give up the hold (if it is still this writer's): here at once, in the row if it can be
+        written (else the row names this live process, which `_held` then knows holds nothing)."""
+        key = (self.repository.key, self.session_id)
+        if _HELD_HERE.get(key) == self.epoch:
+            del _HELD_HERE[key]
         with (
-            contextlib.suppress(sqlite3.Error, SessionLockedError),
+            contextlib.suppress(sqlite3.Error, OSError, SessionLockedError),
             self.repository.transaction(connection) as open_connection,
         ):
             open_connection.execute(
@@ -582,10 +614,13 @@ class SQLiteSession(SessionRows):
         self.repository.begin(connection)
         try:
             written = self.write(connection, (line,))
-        except BaseException:
-            connection.execute("rollback")
+            connection.execute("commit")
+        except BaseException as error:
+            with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled it back already
+                connection.execute("rollback")
+            if isinstance(error, sqlite3.Error):
+                raise os_error(error, self.repository.path) from error
             raise
-        connection.execute("commit")
         self.advance(written)
 
     def close(self) -> None:

@@ -39,7 +39,7 @@ from typing import Any
 
 from ..backends.jsonl_file import FileOps
 from ..core.errors import SessionLockedError, StorePoisonedError
-from ..opening import backends, create, create_async, open, open_async
+from ..opening import backends, create, create_async, open, open_async, read_stored
 from ..plugins.registry import Registry
 from .crash import Stream, registry_for, verify_log
 
@@ -334,7 +334,7 @@ def _check_after(
             report.failures.append(f"{label}: the session is gone")
             report.lost += run.acknowledged
         return
-    data = path.read_bytes()
+    data = read_stored(path, backend, registry)
     check = verify_log(data, stream, rule=rule)
     if check.error is not None and not run.created and check.error.code == "MISSING_HEADER":
         report.failures.append(f"{label}: a failed create left a session without a header: {check.error}")
@@ -546,9 +546,11 @@ def _fill(
     run.step = "commit"
     _check_after(path, backend, registry, stream, run, report, f"{backend} real ENOSPC")
     result.lost = report.lost
-    # The reopen + append may itself meet the full disk: that must be StorePoisonedError.
+    # The reopen + append may itself meet the full disk: that must be StorePoisonedError (a file
+    # backend, at the append) or ENOSPC itself (a database, whose open for writing writes).
     result.failures.extend(
         failure
         for failure in report.failures
-        if "StorePoisonedError" not in failure or "reopening" not in failure
+        if "reopening" not in failure
+        or ("StorePoisonedError" not in failure and f"SessionPathError({errno.ENOSPC}," not in failure)
     )
