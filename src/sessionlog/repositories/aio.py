@@ -33,7 +33,8 @@ from ..opening import create_async, open_async
 from .base import AsyncRepositoryBase
 from .directory import DirectoryRepository
 from .info import SessionInfo
-from .sqlite import SessionRows, SQLiteRepository
+from .rows import SessionRows
+from .sqlite import SQLiteRepository
 
 _T = TypeVar("_T")
 _ASYNC_TWIN = {"jsonl-fsync": "jsonl-group", "jsonl": "jsonl-async"}

@@ -29,7 +29,7 @@ import random
 import socket
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,7 +37,6 @@ import orjson
 
 from ..backends.sqlite import INFOS
 from ..core.errors import (
-    SessionChangedError,
     SessionExistsError,
     SessionLockedError,
     SessionNotFoundError,
@@ -51,6 +50,7 @@ from ..core.store import SessionStore
 from ..opening import _header
 from .base import RepositoryBase, checked_labels, fork_bytes
 from .info import Candidate, Filters, SessionInfo, page
+from .rows import ROW_SQL, SessionRows, summary_row
 from .schema import migrate, version_of
 
 STEPS = (
@@ -117,6 +117,8 @@ def _held(holder: str | None, key: tuple[str, str]) -> bool:
 
 class SQLiteRepository(RepositoryBase):
     """Sessions in one SQLite file (made if missing). `durability`: `power` or `process`."""
+
+    row_sql = ROW_SQL
 
     def __init__(
         self, path: str | os.PathLike[str], *, durability: Literal["power", "process"] = "power"
@@ -300,6 +302,11 @@ class SQLiteRepository(RepositoryBase):
         _HELD_HERE[self.key, session_id] = epoch + 1
         return int(epoch) + 1
 
+    def forget_hold(self, session_id: str, epoch: int) -> None:
+        """This process no longer holds the session (its row may still name it: `_held`)."""
+        if _HELD_HERE.get((self.key, session_id)) == epoch:
+            del _HELD_HERE[self.key, session_id]
+
     def create_row(
         self,
         *,
@@ -431,155 +438,6 @@ def _candidate(key: str, row: tuple[Any, ...]) -> Candidate:
     fields = json.loads(summary)
     fields.update(session_id=session_id, created_at=created, updated_at=updated, lines=lines, bytes=size)
     return Candidate(fields, tuple(json.loads(labels)), functools.partial(_held, writer, (key, session_id)))
-
-
-def summary_row(state: SessionState) -> dict[str, Any]:
-    header = state.header
-    title = next((m["content"] for m in state.transcript if m["role"] == "user"), None)
-    return {
-        "provider": header["provider"],
-        "model": header["model"],
-        "idle": state.is_idle,
-        "last_seq": state.last_seq,
-        "title": " ".join(title.split())[:80] if isinstance(title, str) else None,
-        "usage": list(state.usage),
-    }
-
-
-class SessionRows:
-    """Where one writer's session stands (its last line, bytes and summary), and how to write
-    lines after it inside a transaction the caller opened. Fenced (SessionChangedError, nothing
-    written) when another writer took the session over."""
-
-    def __init__(self, repository: SQLiteRepository, session_id: str, epoch: int) -> None:
-        self.repository = repository
-        self.session_id = session_id
-        self.epoch = epoch
-        self.head_line = 0
-        self.head_bytes = 0
-        self.summary: dict[str, Any] = {}
-
-    def load(self, connection: sqlite3.Connection) -> bytes:
-        data = self.repository.read(self.session_id, connection)
-        self.head_line, self.head_bytes = data.count(b"\n"), len(data)
-        row = connection.execute("select summary from sessions where session_id = ?", (self.session_id,))
-        self.summary = json.loads(row.fetchone()[0])
-        return data
-
-    def write(
-        self, connection: sqlite3.Connection, lines: Sequence[bytes]
-    ) -> tuple[int, int, dict[str, Any]]:
-        """Update the summary row (only if this writer still holds the session at the head it
-        knows) and insert `lines`; the new (head line, head bytes, summary), to `advance` to
-        once the transaction committed."""
-        summary = self.summary
-        for line in lines:
-            summary = summary_after(summary, line)
-        head_line, head_bytes = self.head_line + len(lines), self.head_bytes + sum(map(len, lines))
-        changed = connection.execute(
-            "update sessions set head_line = ?, head_bytes = ?, updated_at = ?, summary = ?, idle = ? "
-            "where session_id = ? and writer_epoch = ? and head_line = ?",
-            (
-                head_line,
-                head_bytes,
-                time.time_ns() // 1_000_000,
-                orjson.dumps(summary).decode(),
-                summary["idle"],
-                self.session_id,
-                self.epoch,
-                self.head_line,
-            ),
-        ).rowcount
-        self.check(changed)
-        if len(lines) == 1:
-            connection.execute("insert into lines values (?, ?, ?)", (self.session_id, head_line, lines[0]))
-        else:
-            connection.executemany(
-                "insert into lines values (?, ?, ?)",
-                [(self.session_id, self.head_line + number, line) for number, line in enumerate(lines, 1)],
-            )
-        return head_line, head_bytes, summary
-
-    def cut(self, connection: sqlite3.Connection, length: int) -> None:
-        """Drop a torn tail: keep the first `length` bytes. Rows hold whole lines, each written
-        in one transaction, so a torn tail is only ever a row that another program wrote."""
-        with self.repository.transaction(connection) as open_connection:
-            kept_lines = kept_bytes = 0
-            for (size,) in open_connection.execute(
-                "select length(line) from lines where session_id = ? order by line_no", (self.session_id,)
-            ):
-                if kept_bytes + size > length:
-                    break
-                kept_lines, kept_bytes = kept_lines + 1, kept_bytes + size
-            if kept_bytes != length:
-                raise OSError(
-                    f"{self.repository.path}: session {self.session_id} cannot be cut at byte {length}"
-                )
-            open_connection.execute(
-                "delete from lines where session_id = ? and line_no > ?", (self.session_id, kept_lines)
-            )
-            self.check(
-                open_connection.execute(
-                    "update sessions set head_line = ?, head_bytes = ? "
-                    "where session_id = ? and writer_epoch = ?",
-                    (kept_lines, kept_bytes, self.session_id, self.epoch),
-                ).rowcount
-            )
-        self.head_line, self.head_bytes = kept_lines, kept_bytes
-
-    def check(self, changed: int) -> None:
-        """Fenced when the summary row of this writer did not change (another writer holds it)."""
-        if not self.epoch or not changed:
-            raise SessionChangedError(
-                f"{self.repository.path}: session {self.session_id} was taken over by another writer "
-                "(fenced); nothing was written"
-                if self.epoch
-                else f"{self.repository.path}: session {self.session_id} was opened read-only"
-            )
-
-    def advance(self, written: tuple[int, int, dict[str, Any]]) -> None:
-        self.head_line, self.head_bytes, self.summary = written
-
-    def release(self, connection: sqlite3.Connection) -> None:
-        """Give up the hold (if it is still this writer's): here at once, in the row if it can be
-        written (else the row names this live process, which `_held` then knows holds nothing)."""
-        key = (self.repository.key, self.session_id)
-        if _HELD_HERE.get(key) == self.epoch:
-            del _HELD_HERE[key]
-        with (
-            contextlib.suppress(sqlite3.Error, OSError, SessionLockedError),
-            self.repository.transaction(connection) as open_connection,
-        ):
-            open_connection.execute(
-                "update sessions set writer = null where session_id = ? and writer_epoch = ?",
-                (self.session_id, self.epoch),
-            )
-
-
-def summary_after(summary: dict[str, Any], line: bytes) -> dict[str, Any]:
-    """The summary row once `line` is committed (it was validated: its facts are sound)."""
-    summary = dict(summary)
-    value = orjson.loads(line)
-    for fact in value if type(value) is list else [value]:
-        summary["last_seq"] = fact["seq"]
-        kind = fact["kind"]
-        if kind == "usage":
-            counts = fact["usage"]
-            summary["usage"] = [
-                total + counts[key]
-                for total, key in zip(
-                    summary["usage"], ("input", "output", "cacheRead", "cacheWrite"), strict=True
-                )
-            ]
-        elif kind == "record" and fact["record"]["type"] in ("runStarted", "compactionStarted"):
-            summary["idle"] = False
-        elif kind == "record" and fact["record"]["type"] == "operationFinished":
-            summary["idle"] = True
-        elif kind == "entry" and summary["title"] is None:
-            message = fact["entry"].get("message") or {}
-            if message.get("role") == "user" and isinstance(message.get("content"), str):
-                summary["title"] = " ".join(message["content"].split())[:80]
-    return summary
 
 
 class SQLiteSession(SessionRows):

@@ -102,7 +102,8 @@ def run_repository_kills(
         assert child.stdout is not None
         if child.stdout.readline().strip() != b"ready":
             _, error = child.communicate()
-            report.failures.append(f"a child did not start: {error.decode()[-500:]}")
+            last = error.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            report.failures.append(f"a child did not start: {last[0][-300:]}")
             return report
         time.sleep(rng.uniform(0, max_wait))
         with contextlib.suppress(ProcessLookupError):

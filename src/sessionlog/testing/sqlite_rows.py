@@ -15,7 +15,8 @@ from ..core.errors import ContractError
 from ..core.ids import new_id
 from ..core.loading import reduce_bytes
 from ..core.reducer import is_uuid7
-from ..repositories.sqlite import SQLiteRepository, summary_row
+from ..repositories.rows import summary_row
+from ..repositories.sqlite import SQLiteRepository
 
 
 class SQLiteRows:

@@ -1,0 +1,168 @@
+"""One session in a SQL database: what its writer knows of it (the last line, bytes and summary)
+and the statements that append lines after it, for SQLite and PostgreSQL alike.
+
+A session is a summary row in `sessions` and its lines in `lines`, byte for byte. A commit is
+one transaction that first updates the summary row `WHERE session_id = ? AND writer_epoch = ?
+AND head_line = ?`, then inserts the lines: when the update changed no row, another writer took
+the session over (or it moved on under this one), nothing was written, and the commit fails with
+SessionChangedError (fenced). The repository supplies the connection, the transaction and the
+statements (`ROW_SQL`, in SQLite's `?` style; PostgreSQL's differ in placeholders and renew the
+writer's lease in the same update).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from ..core.errors import SessionChangedError
+from ..core.state import SessionState
+
+ROW_SQL = {
+    "summary": "select summary from sessions where session_id = ?",
+    "update": "update sessions set head_line = ?, head_bytes = ?, updated_at = ?, summary = ?, idle = ? "
+    "where session_id = ? and writer_epoch = ? and head_line = ?",
+    "insert": "insert into lines values (?, ?, ?)",
+    "lengths": "select length(line) from lines where session_id = ? order by line_no",
+    "cut": "delete from lines where session_id = ? and line_no > ?",
+    "cut_head": "update sessions set head_line = ?, head_bytes = ? where session_id = ? and writer_epoch = ?",
+    "release": "update sessions set writer = null where session_id = ? and writer_epoch = ?",
+}
+
+
+class SessionRows:
+    """Where one writer's session stands, and how to write lines after it inside a transaction
+    the caller opened. `epoch` 0: opened read-only, every write is refused."""
+
+    def __init__(self, repository: Any, session_id: str, epoch: int) -> None:
+        self.repository = repository
+        self.sql: dict[str, str] = repository.row_sql
+        self.session_id = session_id
+        self.epoch = epoch
+        self.head_line = 0
+        self.head_bytes = 0
+        self.summary: dict[str, Any] = {}
+
+    def load(self, connection: Any) -> bytes:
+        data: bytes = self.repository.read(self.session_id, connection)
+        self.head_line, self.head_bytes = data.count(b"\n"), len(data)
+        row = connection.execute(self.sql["summary"], (self.session_id,)).fetchone()
+        self.summary = orjson.loads(row[0])
+        return data
+
+    def write(self, connection: Any, lines: Sequence[bytes]) -> tuple[int, int, dict[str, Any]]:
+        """Update the summary row (only if this writer still holds the session at the head it
+        knows) and insert `lines`; the new (head line, head bytes, summary), to `advance` to
+        once the transaction committed."""
+        summary = self.summary
+        for line in lines:
+            summary = summary_after(summary, line)
+        head_line, head_bytes = self.head_line + len(lines), self.head_bytes + sum(map(len, lines))
+        changed = connection.execute(
+            self.sql["update"],
+            (
+                head_line,
+                head_bytes,
+                time.time_ns() // 1_000_000,
+                orjson.dumps(summary).decode(),
+                summary["idle"],
+                self.session_id,
+                self.epoch,
+                self.head_line,
+            ),
+        ).rowcount
+        self.check(changed)
+        if len(lines) == 1:
+            connection.execute(self.sql["insert"], (self.session_id, head_line, lines[0]))
+        else:
+            connection.executemany(
+                self.sql["insert"],
+                [(self.session_id, self.head_line + number, line) for number, line in enumerate(lines, 1)],
+            )
+        return head_line, head_bytes, summary
+
+    def cut(self, connection: Any, length: int) -> None:
+        """Drop a torn tail: keep the first `length` bytes. Rows hold whole lines, each written
+        in one transaction, so a torn tail is only ever a row that another program wrote."""
+        with self.repository.transaction(connection) as open_connection:
+            kept_lines = kept_bytes = 0
+            for (size,) in open_connection.execute(self.sql["lengths"], (self.session_id,)).fetchall():
+                if kept_bytes + size > length:
+                    break
+                kept_lines, kept_bytes = kept_lines + 1, kept_bytes + size
+            if kept_bytes != length:
+                raise OSError(
+                    f"{self.repository.path}: session {self.session_id} cannot be cut at byte {length}"
+                )
+            open_connection.execute(self.sql["cut"], (self.session_id, kept_lines))
+            changed = open_connection.execute(
+                self.sql["cut_head"], (kept_lines, kept_bytes, self.session_id, self.epoch)
+            ).rowcount
+            self.check(changed)
+        self.head_line, self.head_bytes = kept_lines, kept_bytes
+
+    def check(self, changed: int) -> None:
+        """Fenced when the summary row of this writer did not change (another writer holds it)."""
+        if not self.epoch:
+            raise SessionChangedError(
+                f"{self.repository.path}: session {self.session_id} was opened read-only"
+            )
+        if not changed:
+            raise SessionChangedError(
+                f"{self.repository.path}: session {self.session_id} was taken over by another writer "
+                "(fenced); nothing was written"
+            )
+
+    def advance(self, written: tuple[int, int, dict[str, Any]]) -> None:
+        self.head_line, self.head_bytes, self.summary = written
+
+    def release(self, connection: Any) -> None:
+        """Give up the hold, if it is still this writer's: at best effort (a release that cannot
+        be written leaves a hold that is known dead or expires), never raising."""
+        self.repository.forget_hold(self.session_id, self.epoch)
+        with contextlib.suppress(Exception), self.repository.transaction(connection) as open_connection:
+            open_connection.execute(self.sql["release"], (self.session_id, self.epoch))
+
+
+def summary_after(summary: dict[str, Any], line: bytes) -> dict[str, Any]:
+    """The summary row once `line` is committed (it was validated: its facts are sound)."""
+    summary = dict(summary)
+    value = orjson.loads(line)
+    for fact in value if type(value) is list else [value]:
+        summary["last_seq"] = fact["seq"]
+        kind = fact["kind"]
+        if kind == "usage":
+            counts = fact["usage"]
+            summary["usage"] = [
+                total + counts[key]
+                for total, key in zip(
+                    summary["usage"], ("input", "output", "cacheRead", "cacheWrite"), strict=True
+                )
+            ]
+        elif kind == "record" and fact["record"]["type"] in ("runStarted", "compactionStarted"):
+            summary["idle"] = False
+        elif kind == "record" and fact["record"]["type"] == "operationFinished":
+            summary["idle"] = True
+        elif kind == "entry" and summary["title"] is None:
+            message = fact["entry"].get("message") or {}
+            if message.get("role") == "user" and isinstance(message.get("content"), str):
+                summary["title"] = " ".join(message["content"].split())[:80]
+    return summary
+
+
+def summary_row(state: SessionState) -> dict[str, Any]:
+    """The summary row of a session from its state (at create and import)."""
+    header = state.header
+    title = next((m["content"] for m in state.transcript if m["role"] == "user"), None)
+    return {
+        "provider": header["provider"],
+        "model": header["model"],
+        "idle": state.is_idle,
+        "last_seq": state.last_seq,
+        "title": " ".join(title.split())[:80] if isinstance(title, str) else None,
+        "usage": list(state.usage),
+    }

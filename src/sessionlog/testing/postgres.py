@@ -1,0 +1,238 @@
+"""A throwaway PostgreSQL cluster for tests and benchmarks: `initdb` into a temporary directory,
+`pg_ctl` on a free loopback port (TCP only, no socket directory), password authentication, the
+server's own durability settings (`fsync=on`). When running as root the cluster belongs to the
+`postgres` system user, as PostgreSQL refuses to run as root.
+
+    with PostgresServer.start() as server:        # PostgresUnavailable when it cannot be had
+        url = server.url                          # postgresql://sessionlog:...@127.0.0.1:PORT/sessionlog
+        server.kill()                             # SIGKILL the postmaster (and its children)
+        server.restart()                          # after a kill: the stale postmaster.pid is removed
+        standby = server.standby()                # a synchronous standby (pg_basebackup -R)
+
+The binaries are looked up on PATH, then in `/usr/lib/postgresql/*/bin` (Debian keeps them
+there). `SESSIONLOG_REQUIRE_POSTGRES=1` (CI sets it) turns "no PostgreSQL here" from a skip into
+a failure: `PostgresUnavailable` carries the reason either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+USER = "sessionlog"
+DATABASE = "sessionlog"
+
+
+class PostgresUnavailable(RuntimeError):
+    """No PostgreSQL server can be started here (the reason is the message)."""
+
+
+def binaries() -> Path:
+    """The directory holding `initdb`, `pg_ctl` and `postgres`."""
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).resolve().parent  # a symlink on PATH: the directory of the real one
+    for candidate in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True):
+        if (Path(candidate) / "initdb").exists() and (Path(candidate) / "pg_ctl").exists():
+            return Path(candidate)
+    raise PostgresUnavailable(
+        "no PostgreSQL server binaries (initdb, pg_ctl) on PATH or in /usr/lib/postgresql"
+    )
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket()) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class PostgresServer:
+    """One cluster in a temporary directory; `stop()` (or leaving the `with`) removes it."""
+
+    def __init__(self, root: Path, data: Path, port: int, password: str, run_as: str | None) -> None:
+        self.root = root
+        self.data = data
+        self.port = port
+        self.password = password
+        self.run_as = run_as
+        self.bin = binaries()
+        self.standbys: list[PostgresServer] = []
+
+    # -- making one ------------------------------------------------------------------------------
+
+    @classmethod
+    def start(cls, **settings: Any) -> PostgresServer:
+        """initdb + start, with `settings` added to postgresql.conf."""
+        directory = binaries()
+        run_as = "postgres" if os.geteuid() == 0 else None
+        if run_as is not None:
+            try:
+                pwd.getpwnam(run_as)
+            except KeyError:
+                raise PostgresUnavailable(
+                    "running as root and there is no `postgres` user to run the server"
+                ) from None
+        root = Path(tempfile.mkdtemp(prefix="sessionlog-pg-"))
+        server = cls(root, root / "data", free_port(), secrets.token_hex(12), run_as)
+        try:
+            if run_as is not None:
+                shutil.chown(root, run_as)
+            password_file = root / "password"
+            password_file.write_text(server.password)
+            if run_as is not None:
+                shutil.chown(password_file, run_as)
+            server._run(
+                directory / "initdb",
+                "-D", str(server.data), "-U", USER, "--pwfile", str(password_file),
+                "--auth-host=scram-sha-256", "--auth-local=reject", "-E", "UTF8", "--no-instructions",
+            )  # fmt: skip
+            password_file.unlink()
+            server.configure(
+                {
+                    "listen_addresses": "'127.0.0.1'",
+                    "port": str(server.port),
+                    "unix_socket_directories": "''",
+                    "fsync": "on",
+                    "synchronous_commit": "on",
+                    "max_connections": "300",
+                    "shared_buffers": "'128MB'",
+                    "wal_level": "replica",
+                    "max_wal_senders": "4",
+                    **settings,
+                }
+            )
+            with open(server.data / "pg_hba.conf", "a") as hba:
+                hba.write("host replication sessionlog 127.0.0.1/32 scram-sha-256\n")
+            server.start_postmaster()
+            server.psql(f"create database {DATABASE}")
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    def configure(self, settings: dict[str, str]) -> None:
+        with open(self.data / "postgresql.conf", "a") as conf:
+            for key, value in settings.items():
+                conf.write(f"{key} = {value}\n")
+
+    def _run(
+        self, *command: Any, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        argv = [str(part) for part in command]
+        if self.run_as is not None:
+            argv = ["runuser", "-u", self.run_as, "--", *argv]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        if check and done.returncode != 0:
+            raise PostgresUnavailable(f"{Path(str(command[0])).name} failed: {done.stderr.strip()[-800:]}")
+        return done
+
+    # -- running it ------------------------------------------------------------------------------
+
+    def start_postmaster(self) -> None:
+        (self.data / "postmaster.pid").unlink(
+            missing_ok=True
+        )  # a SIGKILLed postmaster's (PID 1 reaps no zombie)
+        self._run(self.bin / "pg_ctl", "-D", self.data, "-l", self.root / "log", "-w", "-t", "60", "start")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return
+            time.sleep(0.05)
+        raise PostgresUnavailable(f"the server did not listen on port {self.port}")
+
+    def postmaster_pid(self) -> int:
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster and every backend of it (a crash of the database host's server)."""
+        pid = self.postmaster_pid()
+        children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
+        for child in [pid, *map(int, children.stdout.split())]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2),
+            ):
+                time.sleep(0.05)
+                continue
+            break
+
+    def restart(self) -> None:
+        self.start_postmaster()
+
+    def stop(self) -> None:
+        for standby in self.standbys:
+            standby.stop()
+        if (self.data / "postmaster.pid").exists():
+            self._run(self.bin / "pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop", check=False)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> PostgresServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- reaching it -----------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://{USER}:{self.password}@127.0.0.1:{self.port}/{DATABASE}"
+
+    def url_for(self, database: str) -> str:
+        return f"postgresql://{USER}:{self.password}@127.0.0.1:{self.port}/{database}"
+
+    def psql(self, sql: str, database: str = "postgres") -> str:
+        """Run `sql` as the superuser; its output."""
+        import psycopg
+
+        with psycopg.connect(self.url_for(database), autocommit=True) as connection:
+            cursor = connection.execute(sql)
+            return "" if cursor.description is None else "\n".join(str(row) for row in cursor.fetchall())
+
+    # -- a synchronous standby -------------------------------------------------------------------
+
+    def standby(self, name: str = "standby1") -> PostgresServer:
+        """A streaming standby made with `pg_basebackup -R`, and this server waiting for it
+        (`synchronous_standby_names`); returns once the standby streams synchronously."""
+        root = Path(tempfile.mkdtemp(prefix="sessionlog-pg-standby-"))
+        if self.run_as is not None:
+            shutil.chown(root, self.run_as)
+        standby = PostgresServer(root, root / "data", free_port(), self.password, self.run_as)
+        self.standbys.append(standby)
+        conninfo = (
+            f"host=127.0.0.1 port={self.port} user={USER} password={self.password} application_name={name}"
+        )
+        self._run(
+            self.bin / "pg_basebackup", "-D", standby.data, "-R", "-X", "stream", "-c", "fast", "-d", conninfo
+        )
+        standby.configure(
+            {"port": str(standby.port), "primary_conninfo": f"'{conninfo}'", "hot_standby": "on"}
+        )
+        standby.start_postmaster()
+        self.psql(f"alter system set synchronous_standby_names = '{name}'")
+        self.psql("select pg_reload_conf()")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if "sync" in self.psql("select sync_state from pg_stat_replication"):
+                return standby
+            time.sleep(0.1)
+        raise PostgresUnavailable("the standby did not become synchronous within 60 s")
+
+    def promote(self) -> None:
+        """Make this standby a primary (after its primary died)."""
+        self._run(self.bin / "pg_ctl", "-D", self.data, "-w", "promote")
