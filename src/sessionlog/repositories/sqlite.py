@@ -19,39 +19,26 @@ database is retried with jitter for a short while, then reported as SessionLocke
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import errno
-import functools
-import json
 import os
 import random
 import socket
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-import orjson
-
 from ..backends.sqlite import INFOS
 from ..core.errors import (
-    SessionExistsError,
     SessionLockedError,
-    SessionNotFoundError,
     SessionPathError,
 )
-from ..core.ids import new_id
-from ..core.loading import reduce_bytes
-from ..core.reducer import is_uuid7
-from ..core.state import SessionState
 from ..core.store import SessionStore
-from ..opening import _header
-from .base import RepositoryBase, checked_labels, fork_bytes
-from .info import Candidate, Filters, SessionInfo, page
-from .rows import ROW_SQL, SessionRows, summary_row
+from .rows import SessionRows
 from .schema import migrate, version_of
+from .sql import SQLRepository, statements
 
 STEPS = (
     # 1: the summary row of each session and its lines, byte for byte
@@ -115,10 +102,11 @@ def _held(holder: str | None, key: tuple[str, str]) -> bool:
     return True
 
 
-class SQLiteRepository(RepositoryBase):
+class SQLiteRepository(SQLRepository):
     """Sessions in one SQLite file (made if missing). `durability`: `power` or `process`."""
 
-    row_sql = ROW_SQL
+    sql = statements()
+    row_sql = sql
 
     def __init__(
         self, path: str | os.PathLike[str], *, durability: Literal["power", "process"] = "power"
@@ -167,14 +155,9 @@ class SQLiteRepository(RepositoryBase):
     def close(self) -> None:
         self.connection.close()
 
-    def __enter__(self) -> SQLiteRepository:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"<SQLiteRepository {self.path} ({self.info.durability})>"
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[sqlite3.Connection]:
+        yield self.connection
 
     @contextlib.contextmanager
     def transaction(self, connection: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
@@ -216,58 +199,6 @@ class SQLiteRepository(RepositoryBase):
         if error.sqlite_errorcode & 0xFF not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
             raise os_error(error, self.path) from error
 
-    def _id(self, session_id: str) -> str:
-        if not is_uuid7(session_id):
-            raise ValueError(f"not a session id (a UUIDv7): {session_id!r:.60}")
-        return session_id
-
-    # -- one session -----------------------------------------------------------------------------
-
-    def create(self, **header: Any) -> SessionStore:
-        """A new session (`provider`, `model`, `cwd`, `environment_identity`, `labels`), open for
-        writing."""
-        return self.open(self.create_row(**header))
-
-    def _insert(
-        self, session_id: str, lines: builtins.list[bytes], labels: builtins.list[str], *, alone: bool = False
-    ) -> None:
-        """Store a new session's lines (validated by the reducer first); `alone`: only into a
-        database holding no session yet."""
-        data = b"".join(lines)
-        state = reduce_bytes(data)
-        now = time.time_ns() // 1_000_000
-        with self.transaction() as connection:
-            if alone and (other := connection.execute("select session_id from sessions limit 1").fetchone()):
-                raise SessionExistsError(
-                    0,
-                    f"{self.path} holds session {other[0]} already; name a new one as "
-                    f"{self.path}#SESSION_ID (with that session_id)",
-                    str(self.path),
-                )
-            try:
-                connection.execute(
-                    "insert into sessions (session_id, created_at, updated_at, head_line, head_bytes, "
-                    "summary, labels, idle) values (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        session_id,
-                        state.header["createdAt"],
-                        now,
-                        len(lines),
-                        len(data),
-                        json.dumps(summary_row(state)),
-                        json.dumps(labels),
-                        state.is_idle,
-                    ),
-                )
-            except sqlite3.IntegrityError:
-                raise SessionExistsError(
-                    0, f"session {session_id} is already in {self.path}", str(self.path)
-                ) from None
-            connection.executemany(
-                "insert into lines values (?, ?, ?)",
-                [(session_id, number, line) for number, line in enumerate(lines, 1)],
-            )
-
     def open(self, session_id: str) -> SessionStore:
         """The session for writing; SessionLockedError while a live writer holds it."""
         connection = self.connect()
@@ -278,10 +209,6 @@ class SQLiteRepository(RepositoryBase):
             raise
         return SessionStore.open_backend(backend, self.store_path(session_id), self.info)
 
-    def store_path(self, session_id: str) -> Path:
-        """What a store of this session calls itself in messages: `DATABASE#SESSION_ID`."""
-        return Path(f"{self.path}#{session_id}")
-
     def claim(self, session_id: str, connection: sqlite3.Connection | None = None) -> int:
         """Hold the session for a writer (SessionLockedError while a live writer holds it); the
         new writer epoch, which every commit of this writer checks."""
@@ -291,9 +218,9 @@ class SQLiteRepository(RepositoryBase):
                 "select writer, writer_epoch from sessions where session_id = ?", (session_id,)
             ).fetchone()
             if row is None:
-                raise SessionNotFoundError(0, f"no session {session_id} in {self.path}", str(self.path))
+                raise self._missing(session_id)
             holder, epoch = row
-            if _held(holder, (self.key, session_id)):
+            if self.holds(holder, session_id):
                 raise SessionLockedError(f"session {session_id} in {self.path} is held by {holder}")
             open_connection.execute(
                 "update sessions set writer = ?, writer_epoch = ? where session_id = ?",
@@ -307,114 +234,8 @@ class SQLiteRepository(RepositoryBase):
         if _HELD_HERE.get((self.key, session_id)) == epoch:
             del _HELD_HERE[self.key, session_id]
 
-    def create_row(
-        self,
-        *,
-        provider: str,
-        model: str,
-        cwd: str | None = None,
-        environment_identity: str | None = None,
-        labels: Iterable[str] = (),
-    ) -> str:
-        """A new session's rows (its header line); its id."""
-        session_id = new_id()
-        header = _header(provider, model, cwd, environment_identity, session_id)
-        self._insert(session_id, [header], checked_labels(labels))
-        return session_id
-
-    def insert_header(self, header: bytes, *, alone: bool = False) -> None:
-        """A new session whose header line (validated) is `header`."""
-        self._insert(self._id(orjson.loads(header)["id"]), [header], [], alone=alone)
-
-    def read(self, session_id: str, connection: sqlite3.Connection | None = None) -> bytes:
-        connection = connection or self.connection
-        rows = connection.execute(
-            "select line from lines where session_id = ? order by line_no", (self._id(session_id),)
-        ).fetchall()
-        if (
-            not rows
-            and not connection.execute(
-                "select 1 from sessions where session_id = ?", (session_id,)
-            ).fetchone()
-        ):
-            raise SessionNotFoundError(0, f"no session {session_id} in {self.path}", str(self.path))
-        return b"".join(row[0] for row in rows)
-
-    def load(self, session_id: str) -> SessionState:
-        return reduce_bytes(self.read(session_id), **self.info.nul_rule())
-
-    def export(self, session_id: str) -> bytes:
-        return self.read(session_id)
-
-    def import_(self, data: bytes, *, labels: Iterable[str] = ()) -> str:
-        state = reduce_bytes(data)
-        if state.repaired_length != len(data):
-            raise ValueError("an imported session ends with its last LF (this one has a torn tail)")
-        self._insert(state.session_id, data.splitlines(keepends=True), checked_labels(labels))
-        return state.session_id
-
-    def fork(self, session_id: str, at_seq: int) -> str:
-        forked, data = fork_bytes(self.read(session_id), session_id, at_seq)
-        self._insert(forked, data.splitlines(keepends=True), [])
-        return forked
-
-    def delete(self, session_id: str) -> None:
-        session_id = self._id(session_id)
-        with self.transaction() as connection:
-            row = connection.execute(
-                "select writer from sessions where session_id = ?", (session_id,)
-            ).fetchone()
-            if row is None:
-                raise SessionNotFoundError(0, f"no session {session_id} in {self.path}", str(self.path))
-            if _held(row[0], (self.key, session_id)):
-                raise SessionLockedError(f"session {session_id} is held by {row[0]}; nothing was deleted")
-            connection.execute("delete from sessions where session_id = ?", (session_id,))  # lines cascade
-
-    def label(self, session_id: str, labels: Iterable[str]) -> None:
-        with self.transaction() as connection:
-            changed = connection.execute(
-                "update sessions set labels = ? where session_id = ?",
-                (json.dumps(checked_labels(labels)), self._id(session_id)),
-            ).rowcount
-        if not changed:
-            raise SessionNotFoundError(0, f"no session {session_id} in {self.path}", str(self.path))
-
-    # -- many sessions -----------------------------------------------------------------------------
-
-    def list(self, **filters: Any) -> builtins.list[SessionInfo]:
-        """From the summary rows alone, newest first in SQL (an index on the last write): a page
-        reads about as many rows as it shows, whatever the repository's size."""
-        wanted = Filters(**filters)
-        clauses: builtins.list[str] = []
-        values: builtins.list[int | str] = []
-        if wanted.updated_before is not None:
-            clauses.append("updated_at < ?")
-            values.append(wanted.updated_before)
-        if wanted.updated_after is not None:
-            clauses.append("updated_at > ?")
-            values.append(wanted.updated_after)
-        if wanted.cursor is not None:
-            updated, _, session_id = wanted.cursor.partition(":")
-            clauses.append("(updated_at < ? or (updated_at = ? and session_id < ?))")
-            values += [int(updated), int(updated), session_id]
-        statuses = {wanted.status} if isinstance(wanted.status, str) else set(wanted.status or ())
-        if statuses and "corrupt" not in statuses and ("idle" in statuses) != bool(statuses - {"idle"}):
-            clauses.append("idle = ?")  # only idle, or only unfinished (an index of these)
-            values.append(1 if "idle" in statuses else 0)
-        where = f"where {' and '.join(clauses)}" if clauses else ""
-        rows = self.connection.execute(
-            "select session_id, created_at, updated_at, head_line, head_bytes, summary, labels, writer "
-            f"from sessions {where} order by updated_at desc, session_id desc",
-            values,
-        )
-        return page(map(functools.partial(_candidate, self.key), rows), wanted)
-
-    def latest(self, **filters: Any) -> SessionInfo | None:
-        found = self.list(**{**filters, "limit": 1})
-        return found[0] if found else None
-
-    def unfinished(self) -> builtins.list[SessionInfo]:
-        return self.list(status="needs-recovery", limit=None)
+    def holds(self, holder: Any, session_id: str) -> bool:
+        return _held(holder, (self.key, session_id))
 
 
 _ERRNO = {
@@ -431,13 +252,6 @@ def os_error(error: sqlite3.Error, path: Path) -> SessionPathError:
     code = getattr(error, "sqlite_errorcode", None)
     number = _ERRNO.get(code & 0xFF, errno.EIO) if code is not None else errno.EIO
     return SessionPathError(number, f"{path}: {error}", str(path))
-
-
-def _candidate(key: str, row: tuple[Any, ...]) -> Candidate:
-    session_id, created, updated, lines, size, summary, labels, writer = row
-    fields = json.loads(summary)
-    fields.update(session_id=session_id, created_at=created, updated_at=updated, lines=lines, bytes=size)
-    return Candidate(fields, tuple(json.loads(labels)), functools.partial(_held, writer, (key, session_id)))
 
 
 class SQLiteSession(SessionRows):

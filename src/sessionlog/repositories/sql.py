@@ -1,0 +1,259 @@
+"""What the SQL repositories (SQLite, PostgreSQL) share: the statements of the design's schema
+and every method that is only those statements. A subclass brings the connection, the
+transaction, how a writer takes its hold (`claim`) and how to tell a live holder.
+
+The statements are written once, with `?` placeholders and `{s}` before each table name;
+`statements(prefix, placeholder, held)` makes a database's dialect of them (PostgreSQL: `%s` and
+its schema). `held` is the SQL expression of a session row's live writer, or NULL.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..core.errors import SessionExistsError, SessionLockedError, SessionNotFoundError
+from ..core.ids import new_id
+from ..core.loading import reduce_bytes
+from ..core.reducer import is_uuid7
+from ..core.state import SessionState
+from ..core.store import BackendInfo, SessionStore
+from ..opening import _header
+from .base import RepositoryBase, checked_labels, fork_bytes
+from .info import Candidate, Filters, SessionInfo, page
+from .rows import ROW_SQL, summary_row
+
+SQL = {
+    **ROW_SQL,
+    "any_session": "select session_id from {s}sessions limit 1",
+    "insert_session": "insert into {s}sessions (session_id, created_at, updated_at, head_line, head_bytes, "
+    "summary, labels, idle) values (?, ?, ?, ?, ?, ?, ?, ?)",
+    "lines": "select line from {s}lines where session_id = ? order by line_no",
+    "exists": "select 1 from {s}sessions where session_id = ?",
+    "holder": "select {held} from {s}sessions where session_id = ?",
+    "delete": "delete from {s}sessions where session_id = ?",
+    "label": "update {s}sessions set labels = ? where session_id = ?",
+    "list": "select session_id, created_at, updated_at, head_line, head_bytes, summary, labels, {held} "
+    "from {s}sessions {where} order by updated_at desc, session_id desc",
+}
+
+
+def statements(prefix: str = "", placeholder: str = "?", held: str = "writer") -> dict[str, str]:
+    """The statements for one database: `prefix` before table names, its placeholder."""
+    return {
+        name: text.replace("{s}", prefix).replace("{held}", held).replace("?", placeholder)
+        for name, text in SQL.items()
+    }
+
+
+class SQLRepository(RepositoryBase):
+    """Sessions as rows: a summary row each in `sessions`, their lines in `lines`."""
+
+    path: Any  # what messages call the database (never with a password)
+    info: BackendInfo
+    async_info: BackendInfo
+    sql: dict[str, str]
+    row_sql: dict[str, str]
+    placeholder = "?"
+
+    # -- what a database brings ------------------------------------------------------------------
+
+    def transaction(self, connection: Any = None) -> Any:
+        """A context manager: a write transaction on `connection` (or one of the repository's)."""
+        raise NotImplementedError
+
+    def claim(self, session_id: str, connection: Any = None) -> int:
+        """Hold the session for a writer; the new writer epoch its commits check."""
+        raise NotImplementedError
+
+    def open(self, session_id: str) -> SessionStore:
+        raise NotImplementedError
+
+    def holds(self, holder: Any, session_id: str) -> bool:
+        """Whether `holder` (the `held` expression of the session's row) is a live writer."""
+        return holder is not None
+
+    def forget_hold(self, session_id: str, epoch: int) -> None:
+        """This process no longer holds the session."""
+
+    def reading(self) -> Any:
+        """A context manager giving a connection to read with."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.path} ({self.info.durability})>"
+
+    def _id(self, session_id: str) -> str:
+        if not is_uuid7(session_id):
+            raise ValueError(f"not a session id (a UUIDv7): {session_id!r:.60}")
+        return session_id
+
+    def _missing(self, session_id: str) -> SessionNotFoundError:
+        return SessionNotFoundError(0, f"no session {session_id} in {self.path}", str(self.path))
+
+    # -- one session -----------------------------------------------------------------------------
+
+    def create(self, **header: Any) -> SessionStore:
+        """A new session (`provider`, `model`, `cwd`, `environment_identity`, `labels`), open for
+        writing."""
+        return self.open(self.create_row(**header))
+
+    def store_path(self, session_id: str) -> Path:
+        """What a store of this session calls itself in messages: `DATABASE#SESSION_ID`."""
+        return Path(f"{self.path}#{session_id}")
+
+    def create_row(
+        self,
+        *,
+        provider: str,
+        model: str,
+        cwd: str | None = None,
+        environment_identity: str | None = None,
+        labels: Iterable[str] = (),
+    ) -> str:
+        """A new session's rows (its header line); its id."""
+        session_id = new_id()
+        header = _header(provider, model, cwd, environment_identity, session_id)
+        self._insert(session_id, [header], checked_labels(labels))
+        return session_id
+
+    def insert_header(self, header: bytes, *, alone: bool = False) -> None:
+        """A new session whose header line (validated) is `header`; `alone`: only into a
+        database holding no session yet."""
+        self._insert(self._id(orjson.loads(header)["id"]), [header], [], alone=alone)
+
+    def _insert(
+        self, session_id: str, lines: builtins.list[bytes], labels: builtins.list[str], *, alone: bool = False
+    ) -> None:
+        """Store a new session's lines, validated by the reducer first."""
+        data = b"".join(lines)
+        state = reduce_bytes(data)
+        with self.transaction() as connection:
+            if alone and (other := connection.execute(self.sql["any_session"]).fetchone()):
+                raise SessionExistsError(
+                    0,
+                    f"{self.path} holds session {other[0]} already; name a new one as "
+                    f"{self.path}#SESSION_ID (with that session_id)",
+                    str(self.path),
+                )
+            if connection.execute(self.sql["exists"], (session_id,)).fetchone():
+                raise SessionExistsError(0, f"session {session_id} is already in {self.path}", str(self.path))
+            connection.execute(
+                self.sql["insert_session"],
+                (
+                    session_id,
+                    state.header["createdAt"],
+                    time.time_ns() // 1_000_000,
+                    len(lines),
+                    len(data),
+                    json.dumps(summary_row(state)),
+                    json.dumps(labels),
+                    state.is_idle,
+                ),
+            )
+            connection.executemany(
+                self.sql["insert"], [(session_id, number, line) for number, line in enumerate(lines, 1)]
+            )
+
+    def read(self, session_id: str, connection: Any = None) -> bytes:
+        """Every stored byte of a session (its lines, joined)."""
+        if connection is None:
+            with self.reading() as reader:
+                return self.read(session_id, reader)
+        rows = connection.execute(self.sql["lines"], (self._id(session_id),)).fetchall()
+        if not rows and not connection.execute(self.sql["exists"], (session_id,)).fetchone():
+            raise self._missing(session_id)
+        return b"".join(row[0] for row in rows)
+
+    def load(self, session_id: str) -> SessionState:
+        return reduce_bytes(self.read(session_id), **self.info.nul_rule())
+
+    def export(self, session_id: str) -> bytes:
+        return self.read(session_id)
+
+    def import_(self, data: bytes, *, labels: Iterable[str] = ()) -> str:
+        state = reduce_bytes(data)
+        if state.repaired_length != len(data):
+            raise ValueError("an imported session ends with its last LF (this one has a torn tail)")
+        self._insert(state.session_id, data.splitlines(keepends=True), checked_labels(labels))
+        return state.session_id
+
+    def fork(self, session_id: str, at_seq: int) -> str:
+        forked, data = fork_bytes(self.read(session_id), session_id, at_seq)
+        self._insert(forked, data.splitlines(keepends=True), [])
+        return forked
+
+    def delete(self, session_id: str) -> None:
+        """The session's lines and summary row, in one transaction (refused while held)."""
+        session_id = self._id(session_id)
+        with self.transaction() as connection:
+            row = connection.execute(self.sql["holder"], (session_id,)).fetchone()
+            if row is None:
+                raise self._missing(session_id)
+            if self.holds(row[0], session_id):
+                raise SessionLockedError(f"session {session_id} is held by {row[0]}; nothing was deleted")
+            connection.execute(self.sql["delete"], (session_id,))  # its lines cascade
+
+    def label(self, session_id: str, labels: Iterable[str]) -> None:
+        with self.transaction() as connection:
+            changed = connection.execute(
+                self.sql["label"], (json.dumps(checked_labels(labels)), self._id(session_id))
+            ).rowcount
+        if not changed:
+            raise self._missing(session_id)
+
+    # -- many sessions ---------------------------------------------------------------------------
+
+    def list(self, **filters: Any) -> builtins.list[SessionInfo]:
+        """From the summary rows alone, newest first in SQL (an index on the last write): a page
+        reads about as many rows as it shows, whatever the repository's size."""
+        wanted = Filters(**filters)
+        clauses: builtins.list[str] = []
+        values: builtins.list[Any] = []
+        if wanted.updated_before is not None:
+            clauses.append("updated_at < ?")
+            values.append(wanted.updated_before)
+        if wanted.updated_after is not None:
+            clauses.append("updated_at > ?")
+            values.append(wanted.updated_after)
+        if wanted.cursor is not None:
+            updated, _, session_id = wanted.cursor.partition(":")
+            clauses.append("(updated_at < ? or (updated_at = ? and session_id < ?))")
+            values += [int(updated), int(updated), session_id]
+        statuses = {wanted.status} if isinstance(wanted.status, str) else set(wanted.status or ())
+        if statuses and "corrupt" not in statuses and ("idle" in statuses) != bool(statuses - {"idle"}):
+            clauses.append("idle = ?")  # only idle, or only unfinished (an index of these)
+            values.append("idle" in statuses)
+        where = f"where {' and '.join(clauses)}" if clauses else ""
+        query = self.sql["list"].replace("{where}", where.replace("?", self.placeholder))
+        with self.reading() as connection:
+            rows = connection.execute(query, values).fetchall()
+        return page(map(self._candidate, rows), wanted)
+
+    def _candidate(self, row: tuple[Any, ...]) -> Candidate:
+        session_id, created, updated, lines, size, summary, labels, holder = row
+        fields = orjson.loads(summary)
+        fields.update(session_id=session_id, created_at=created, updated_at=updated, lines=lines, bytes=size)
+        return Candidate(fields, tuple(json.loads(labels)), lambda: self.holds(holder, session_id))
+
+    def latest(self, **filters: Any) -> SessionInfo | None:
+        found = self.list(**{**filters, "limit": 1})
+        return found[0] if found else None
+
+    def unfinished(self) -> builtins.list[SessionInfo]:
+        return self.list(status="needs-recovery", limit=None)
