@@ -215,7 +215,7 @@ def test_a_third_party_repository_scheme_registers_through_the_hook(tmp_path: Pa
 
     registry = Registry(plugin_manager(plugins=[Plugin()]))
     assert sessionlog.repository("mine://x/y", registry=registry, flag=1) == ("mine", "x/y", {"flag": 1})
-    with pytest.raises(ValueError, match="registered: file, mine, sqlite"):
+    with pytest.raises(ValueError, match="registered: file, mine, postgres, postgresql, sqlite"):
         sessionlog.repository("nope://x", registry=registry)
 
 

@@ -10,9 +10,11 @@ from . import schema
 from .core.canonical import canonical, configuration_digest, source_digest
 from .core.commit import encode_header
 from .core.errors import (
+    CommitOutcomeUnknownError,
     ConfigurationError,
     ContractError,
     CorruptionError,
+    DurabilityUnavailableError,
     ReentrantCallError,
     SessionChangedError,
     SessionExistsError,
@@ -76,11 +78,13 @@ __all__ = [
     "AsyncToolCall",
     "Attempt",
     "BackendInfo",
+    "CommitOutcomeUnknownError",
     "Configuration",
     "ConfigurationError",
     "ContractError",
     "CorruptionError",
     "DirectoryRepository",
+    "DurabilityUnavailableError",
     "ReentrantCallError",
     "Run",
     "RuntimeStateError",

@@ -121,10 +121,10 @@ def opener(durability: str) -> Any:
 
 def async_opener(durability: str) -> Any:
     async def open_sqlite_async(path: Path, *, create: bytes | None = None, **options: Any) -> Any:
-        from ..repositories.aio import AsyncSQLiteRepository, AsyncSQLiteSession
+        from ..repositories.aio import AsyncRowsSession, AsyncSQLRepository
 
         repository, session_id, epoch = await asyncio.to_thread(claimed, path, create, durability, options)
-        return AsyncSQLiteSession(AsyncSQLiteRepository(repository), session_id, epoch, owner_closes=True)
+        return AsyncRowsSession(AsyncSQLRepository(repository), session_id, epoch, owner_closes=True)
 
     return open_sqlite_async
 

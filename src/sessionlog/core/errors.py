@@ -157,6 +157,17 @@ class StorePoisonedError(SessionLogError):
     """A write or sync failed: the store accepts nothing until it is reopened."""
 
 
+class CommitOutcomeUnknownError(SessionLogError):
+    """The connection to the database broke during COMMIT: the commit may or may not have
+    landed. Nothing retries it (that could store it twice); reopening the session reads back
+    whether its line is there, byte for byte."""
+
+
+class DurabilityUnavailableError(SessionLogError):
+    """The server cannot give the durability class asked for (fsync off, no synchronous standby
+    configured or connected, `synchronous_commit` too weak): refused when the repository opens."""
+
+
 class UnknownBackendError(SessionLogError, LookupError):
     """No backend by that name is registered."""
 

@@ -27,14 +27,15 @@ from .framing import DEFAULT_MAX_LINE_BYTES, NUL_WINDOW
 from .loading import check_torn_tail, load
 from .state import SessionState
 
-Durability = Literal["process", "power"]
+Durability = Literal["process", "power", "replicated"]
 Api = Literal["sync", "async"]
 
 
 @dataclass(frozen=True)
 class BackendInfo:
     """What a backend promises. `durability`: process = an acknowledged commit survives kill -9;
-    power = it also survives power loss, assuming the drive honours flushes."""
+    power = it also survives power loss, assuming the drive honours flushes; replicated = it
+    also survives the loss of the database host (a synchronous standby has it)."""
 
     name: str
     durability: Durability

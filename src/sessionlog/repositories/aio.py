@@ -34,7 +34,7 @@ from .base import AsyncRepositoryBase
 from .directory import DirectoryRepository
 from .info import SessionInfo
 from .rows import SessionRows
-from .sqlite import SQLiteRepository
+from .sql import SQLRepository
 
 _T = TypeVar("_T")
 _ASYNC_TWIN = {"jsonl-fsync": "jsonl-group", "jsonl": "jsonl-async"}
@@ -126,19 +126,21 @@ class AsyncDirectoryRepository(AsyncRepository):
         )
 
 
-class AsyncSQLiteRepository(AsyncRepository):
-    sync: SQLiteRepository
+class AsyncSQLRepository(AsyncRepository):
+    """SQLite or PostgreSQL: the commits of every session go through one `BatchWriter`."""
 
-    def __init__(self, sync: SQLiteRepository) -> None:
+    sync: SQLRepository
+
+    def __init__(self, sync: SQLRepository) -> None:
         super().__init__(sync)
         self.writer = BatchWriter(sync)
 
     async def create(self, **header: Any) -> AsyncSessionStore:
         return await self.open(await self._call(self.sync.create_row, **header))
 
-    async def open(self, session_id: str) -> AsyncSessionStore:
-        epoch = await self._call(self.sync.claim, session_id)
-        session = AsyncSQLiteSession(self, session_id, epoch)
+    async def open(self, session_id: str, **options: Any) -> AsyncSessionStore:
+        epoch = await self._call(self.sync.claim, session_id, **options)
+        session = AsyncRowsSession(self, session_id, epoch)
         return await AsyncSessionStore.open_backend(
             session, self.sync.store_path(session_id), self.sync.async_info
         )
@@ -148,29 +150,33 @@ class AsyncSQLiteRepository(AsyncRepository):
         await super().close()
 
 
-class AsyncSQLiteSession(SessionRows):
-    """One session of an async SQLite repository: an `AsyncBackend` whose batches go through the
+class AsyncRowsSession(SessionRows):
+    """One session of an async SQL repository: an `AsyncBackend` whose batches go through the
     repository's `BatchWriter`."""
 
     def __init__(
-        self, owner: AsyncSQLiteRepository, session_id: str, epoch: int, *, owner_closes: bool = False
+        self, owner: AsyncSQLRepository, session_id: str, epoch: int, *, owner_closes: bool = False
     ) -> None:
         super().__init__(owner.sync, session_id, epoch)
         self.owner = owner
         self.owner_closes = owner_closes  # the store owns its repository (the `sqlite-async` backend)
 
+    def _with_connection(self, work: Callable[..., _T], *args: Any) -> _T:
+        with self.repository.reading() as connection:
+            return work(connection, *args)
+
     async def read(self) -> bytes:
-        return await self.owner._call(self.load, self.owner.sync.connection)
+        return await self.owner._call(self._with_connection, self.load)
 
     async def truncate(self, length: int) -> None:
-        await self.owner._call(self.cut, self.owner.sync.connection, length)
+        await self.owner._call(self._with_connection, self.cut, length)
 
     async def append_batch(self, lines: list[bytes]) -> None:
         await asyncio.wrap_future(self.owner.writer.submit(self, lines))
 
     async def close(self) -> None:
         if self.epoch:
-            await self.owner._call(self.release, self.owner.sync.connection)
+            await self.owner._call(self._with_connection, self.release)
         if self.owner_closes:
             await self.owner.close()
 
@@ -182,7 +188,7 @@ class BatchWriter:
     """One thread with its own connection: the batches of every session queued meanwhile go into
     one transaction (a fenced one wrote nothing and fails alone)."""
 
-    def __init__(self, repository: SQLiteRepository) -> None:
+    def __init__(self, repository: SQLRepository) -> None:
         self.repository = repository
         self._queue: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
         self.connection = repository.connect()
@@ -246,6 +252,6 @@ async def repository_async(location: str | Path, **options: Any) -> AsyncReposit
     sync = await asyncio.to_thread(functools.partial(repository, location, **options))
     if isinstance(sync, DirectoryRepository):
         return AsyncDirectoryRepository(sync)
-    if isinstance(sync, SQLiteRepository):
-        return AsyncSQLiteRepository(sync)
+    if isinstance(sync, SQLRepository):
+        return AsyncSQLRepository(sync)
     raise TypeError(f"no async twin for {type(sync).__name__} repositories")

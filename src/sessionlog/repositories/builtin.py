@@ -1,6 +1,7 @@
 """The built-in repositories, registered through the same hook as a third party's: `file` (a
-directory: also any location without `://`) and `sqlite`. Imported with the registry, so the
-openers import their modules (and sqlite3) only when a repository is opened."""
+directory: also any location without `://`), `sqlite` and `postgresql` (or `postgres`).
+Imported with the registry, so the openers import their modules (sqlite3, psycopg) only when a
+repository is opened."""
 
 from __future__ import annotations
 
@@ -25,7 +26,17 @@ def open_sqlite(location: str, **options: Any) -> Any:
     return SQLiteRepository(path, **{**dict(parse_qsl(query, strict_parsing=bool(query))), **options})
 
 
+def open_postgres(location: str, **options: Any) -> Any:
+    """`postgresql://user@host/db?sslmode=...`: the URL goes to libpq whole (`durability=` and
+    the other options are keywords)."""
+    from .postgres import PostgresRepository
+
+    return PostgresRepository(f"postgresql://{location}", **options)
+
+
 @hookimpl
 def register_repositories(register: Any) -> None:
     register("file", open_directory)
     register("sqlite", open_sqlite)
+    register("postgresql", open_postgres)
+    register("postgres", open_postgres)

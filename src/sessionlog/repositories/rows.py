@@ -6,8 +6,8 @@ one transaction that first updates the summary row `WHERE session_id = ? AND wri
 AND head_line = ?`, then inserts the lines: when the update changed no row, another writer took
 the session over (or it moved on under this one), nothing was written, and the commit fails with
 SessionChangedError (fenced). The repository supplies the connection, the transaction and the
-statements (`ROW_SQL`, in SQLite's `?` style; PostgreSQL's differ in placeholders and renew the
-writer's lease in the same update).
+statements (`ROW_SQL` in SQLite's `?` style, `{s}` before each table: `sql.statements` makes each
+database's dialect; PostgreSQL's update also renews the writer's lease).
 """
 
 from __future__ import annotations
@@ -23,14 +23,15 @@ from ..core.errors import SessionChangedError
 from ..core.state import SessionState
 
 ROW_SQL = {
-    "summary": "select summary from sessions where session_id = ?",
-    "update": "update sessions set head_line = ?, head_bytes = ?, updated_at = ?, summary = ?, idle = ? "
+    "summary": "select summary from {s}sessions where session_id = ?",
+    "update": "update {s}sessions set head_line = ?, head_bytes = ?, updated_at = ?, summary = ?, idle = ? "
     "where session_id = ? and writer_epoch = ? and head_line = ?",
-    "insert": "insert into lines values (?, ?, ?)",
-    "lengths": "select length(line) from lines where session_id = ? order by line_no",
-    "cut": "delete from lines where session_id = ? and line_no > ?",
-    "cut_head": "update sessions set head_line = ?, head_bytes = ? where session_id = ? and writer_epoch = ?",
-    "release": "update sessions set writer = null where session_id = ? and writer_epoch = ?",
+    "insert": "insert into {s}lines values (?, ?, ?)",
+    "lengths": "select length(line) from {s}lines where session_id = ? order by line_no",
+    "cut": "delete from {s}lines where session_id = ? and line_no > ?",
+    "cut_head": "update {s}sessions set head_line = ?, head_bytes = ? "
+    "where session_id = ? and writer_epoch = ?",
+    "release": "update {s}sessions set writer = null where session_id = ? and writer_epoch = ?",
 }
 
 
@@ -79,7 +80,7 @@ class SessionRows:
         if len(lines) == 1:
             connection.execute(self.sql["insert"], (self.session_id, head_line, lines[0]))
         else:
-            connection.executemany(
+            connection.cursor().executemany(
                 self.sql["insert"],
                 [(self.session_id, self.head_line + number, line) for number, line in enumerate(lines, 1)],
             )

@@ -86,6 +86,11 @@ class SQLRepository(RepositoryBase):
         """A context manager giving a connection to read with."""
         raise NotImplementedError
 
+    def connect(self) -> Any:
+        """A new connection of its own, with this repository's settings (the async repository's
+        writer thread keeps one)."""
+        raise NotImplementedError
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -166,7 +171,7 @@ class SQLRepository(RepositoryBase):
                     state.is_idle,
                 ),
             )
-            connection.executemany(
+            connection.cursor().executemany(
                 self.sql["insert"], [(session_id, number, line) for number, line in enumerate(lines, 1)]
             )
 

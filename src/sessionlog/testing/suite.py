@@ -494,7 +494,7 @@ class StoreContract(ContractBase):
             assert (header["provider"], header["model"], header["cwd"]) == (PROVIDER, MODEL, CWD)
             assert header["environmentIdentity"] == ENVIRONMENT and _UUID7.match(header["id"])
             assert store.info.name == sessionlog_harness.backend
-            assert store.durability in ("process", "power")
+            assert store.durability in ("process", "power", "replicated")
 
     def test_create_refuses_an_existing_session(self, sessionlog_harness: Harness) -> None:
         with sessionlog_harness.create() as store:
@@ -969,7 +969,7 @@ def contract_classes(
     backend name -> a class mixed in first (byte hooks, `unsupported`); the built-in SQLite
     backends get `SQLiteRows` unless named there."""
     from ..opening import backends
-    from .sqlite_rows import SQLiteRows
+    from .raw_rows import SQLiteRows
 
     chosen = {name: SQLiteRows for name in _SQLITE_BACKENDS} | dict(mixins or {})
     classes: dict[str, type[ContractBase]] = {}

@@ -1,0 +1,410 @@
+"""The PostgreSQL repository: sessions on a database that many hosts share, one writer each.
+
+    repo = sessionlog.repository("postgresql://agent@db/agent")                       # power
+    repo = sessionlog.repository("postgresql://agent@db/agent", durability="replicated")
+    repo = sessionlog.repositories.postgres.PostgresRepository(pool=pool)   # the caller's pool
+
+Driver: psycopg 3 and psycopg_pool (`pip install 'sessionlog[postgres]'`). A URL passes every
+libpq parameter through (`sslmode=...`); a pool the caller passes stays the caller's (never
+closed here). Messages and reprs name the database without its password.
+
+Schema `sessionlog` (`sessions`, `lines`, `schema_version`), made or migrated when the repository
+opens, under `pg_advisory_xact_lock`, so many workers starting at once migrate it once; or apart,
+`sessionlog migrate URL`, with `migrate=False` here: the runtime role then needs only SELECT,
+INSERT, UPDATE and DELETE on the three tables. Lines are `bytea`: the bytes a writer committed,
+whatever they hold, with no encoding check or normalisation between them and the JSONL file;
+`text` would add a UTF-8 validation the reducer does anyway. Loading a session is one
+`string_agg` of its lines in key order, fetched in binary: one value, not one row per line.
+
+Classes, checked when the repository opens (DurabilityUnavailableError otherwise): `power`
+needs `fsync=on` and `synchronous_commit` at least `local`; `replicated` needs `on` or
+`remote_apply` and a synchronous standby configured and connected (`pg_stat_replication`; a role
+without `pg_monitor` sees no standby). `synchronous_commit=off` is no class: a crash of the
+server loses commits it acknowledged.
+
+One writer per session across hosts: opening for writing takes a lease (`writer`,
+`lease_expires_at`, `writer_epoch` bumped) unless a writer holds an unexpired one
+(SessionLockedError naming it), or when asked (`take_over=True`). Every commit renews the lease
+in the fenced update of the summary row. `unfinished()` lists the sessions with an open
+operation whose lease expired; `claim_unfinished()` takes one of them with `FOR UPDATE SKIP
+LOCKED`, so two recovery workers never take the same. When the connection breaks during COMMIT
+the store is poisoned with CommitOutcomeUnknownError; reopening reads the rows back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import socket
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from ..core.errors import (
+    CommitOutcomeUnknownError,
+    DurabilityUnavailableError,
+    SessionExistsError,
+    SessionLockedError,
+    SessionPathError,
+)
+from ..core.store import BackendInfo, SessionStore
+from .rows import SessionRows
+from .sql import SQLRepository, statements
+
+SCHEMA_VERSION = 1
+STEPS = (
+    # 1: the design's schema, lines byte for byte
+    """
+    create schema if not exists sessionlog;
+    create table sessionlog.schema_version (version integer not null);
+    create table sessionlog.sessions (
+        session_id text primary key,
+        created_at bigint not null,
+        updated_at bigint not null,
+        head_line integer not null,
+        head_bytes bigint not null,
+        summary text not null,
+        labels text not null default '[]',
+        idle boolean not null default true,
+        writer text,
+        writer_epoch bigint not null default 0,
+        lease_expires_at timestamptz
+    );
+    create index sessions_by_update on sessionlog.sessions (updated_at, session_id);
+    create index sessions_open on sessionlog.sessions (updated_at) where not idle;
+    create table sessionlog.lines (
+        session_id text not null references sessionlog.sessions (session_id) on delete cascade,
+        line_no integer not null,
+        line bytea not null,
+        primary key (session_id, line_no)
+    )
+    """,
+)
+_LOCK = 0x5E5510_6  # pg_advisory_xact_lock key of sessionlog's migrations
+INFOS = {
+    "power": BackendInfo("postgres", "power", "sync", "PostgreSQL, synchronous_commit=on"),
+    "replicated": BackendInfo(
+        "postgres-replicated", "replicated", "sync", "PostgreSQL, a synchronous standby has each commit"
+    ),
+}
+ASYNC_INFOS = {
+    "power": BackendInfo(
+        "postgres-async", "power", "async", "PostgreSQL, commits batched by a writer thread"
+    ),
+    "replicated": BackendInfo(
+        "postgres-replicated-async", "replicated", "async", "PostgreSQL with a synchronous standby, batched"
+    ),
+}
+_LIVE_WRITER = "case when writer is not null and lease_expires_at > now() then writer end"
+
+
+def _import_psycopg() -> Any:
+    try:
+        import psycopg
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError(
+            "PostgreSQL repositories need psycopg 3: pip install 'sessionlog[postgres]'"
+        ) from None
+    return psycopg
+
+
+class PostgresRepository(SQLRepository):
+    """Sessions in a PostgreSQL database: `location` (a URL or libpq string) or `pool` (a
+    `psycopg_pool.ConnectionPool` the caller owns). `lease_seconds`: how long a writer's hold
+    lasts without a commit."""
+
+    placeholder = "%s"
+
+    def __init__(
+        self,
+        location: str | None = None,
+        *,
+        pool: Any = None,
+        durability: Literal["power", "replicated"] = "power",
+        lease_seconds: float = 30.0,
+        migrate: bool = True,
+        max_connections: int = 16,
+    ) -> None:
+        psycopg = _import_psycopg()
+        if (location is None) == (pool is None):
+            raise ValueError("give the repository a URL or a pool, one of them")
+        if durability not in INFOS:
+            raise ValueError(
+                f"durability is power or replicated, not {durability!r} (synchronous_commit=off is no "
+                "class: a crash of the server loses commits it acknowledged)"
+            )
+        if type(lease_seconds) not in (int, float) or not 0 < lease_seconds < 86400:
+            raise ValueError(f"lease_seconds is a number of seconds, not {lease_seconds!r}")
+        self.info, self.async_info = INFOS[durability], ASYNC_INFOS[durability]
+        self.lease = f"interval '{float(lease_seconds)} seconds'"
+        self.sql = statements("sessionlog.", "%s", _LIVE_WRITER)
+        self.row_sql = {
+            **self.sql,
+            "update": self.sql["update"].replace(
+                " where ", f", lease_expires_at = now() + {self.lease} where ", 1
+            ),
+            "release": "update sessionlog.sessions set writer = null, lease_expires_at = null "
+            "where session_id = %s and writer_epoch = %s",
+        }
+        self.me = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.psycopg = psycopg
+        self.pool, self.owns_pool = pool, pool is None
+        if pool is not None:
+            with pool.connection() as connection:
+                self.path = _display(connection.info)
+        else:
+            self.path = self._own_pool(str(location), max_connections)
+        try:
+            with self.pool.connection() as connection:
+                self._check_class(connection, durability)
+                self._migrate(connection, run=migrate)
+        except BaseException:
+            self.close()
+            raise
+
+    def _own_pool(self, location: str, max_connections: int) -> str:
+        """Check the server can be reached (a typed error naming it, never the password), then
+        open a pool of autocommit connections with this class's settings; the display name."""
+        from psycopg_pool import ConnectionPool
+
+        try:
+            with self.psycopg.connect(location, connect_timeout=10) as probe:
+                display = _display(probe.info)
+        except self.psycopg.Error as error:
+            raise SessionPathError(
+                errno.ECONNREFUSED, f"cannot connect to PostgreSQL: {_without_secrets(error, location)}"
+            ) from None
+
+        def configure(connection: Any) -> None:
+            connection.autocommit = True
+
+        self.pool = ConnectionPool(
+            location,
+            min_size=1,
+            max_size=max_connections,
+            configure=configure,
+            open=True,
+            name="sessionlog",
+        )
+        return display
+
+    def _check_class(self, connection: Any, durability: str) -> None:
+        def show(name: str) -> str:
+            return str(connection.execute(f"show {name}").fetchone()[0])
+
+        if show("fsync") != "on":
+            raise DurabilityUnavailableError(f"{self.path}: the server runs with fsync=off: no class holds")
+        level = show("synchronous_commit")
+        if level not in (
+            ("on", "remote_apply")
+            if durability == "replicated"
+            else ("on", "remote_apply", "remote_write", "local")
+        ):
+            raise DurabilityUnavailableError(
+                f"{self.path}: synchronous_commit is {level!r}, too weak for the {durability} class "
+                "(ALTER ROLE ... SET synchronous_commit = on)"
+            )
+        if durability == "replicated":
+            if not show("synchronous_standby_names"):
+                raise DurabilityUnavailableError(
+                    f"{self.path}: the replicated class needs a synchronous standby, and "
+                    "synchronous_standby_names is empty"
+                )
+            connected = connection.execute(
+                "select count(*) from pg_stat_replication where sync_state in ('sync', 'quorum')"
+            ).fetchone()[0]
+            if not connected:
+                raise DurabilityUnavailableError(
+                    f"{self.path}: no synchronous standby is connected (pg_stat_replication; the role "
+                    "needs pg_monitor to see it)"
+                )
+
+    def _migrate(self, connection: Any, *, run: bool) -> None:
+        """Bring the schema to SCHEMA_VERSION under the advisory lock (or, with `run=False`,
+        only check it is there: the runtime role may lack the rights to change it)."""
+        with self.transaction(connection) as open_connection:
+            if run:
+                open_connection.execute("select pg_advisory_xact_lock(%s)", (_LOCK,))
+            version_table, sessions = open_connection.execute(
+                "select to_regclass('sessionlog.schema_version'), to_regclass('sessionlog.sessions')"
+            ).fetchone()
+            if version_table is None and sessions is not None:
+                raise SessionPathError(
+                    0, f"{self.path}: sessionlog.sessions is another application's table; nothing was changed"
+                )
+            found = 0
+            if version_table is not None:
+                found = open_connection.execute(
+                    "select max(version) from sessionlog.schema_version"
+                ).fetchone()[0]
+            if found > len(STEPS):
+                raise SessionPathError(
+                    0, f"{self.path}: schema version {found} is newer than this sessionlog"
+                )
+            if found == len(STEPS):
+                return
+            if not run:
+                raise SessionPathError(
+                    0,
+                    f"{self.path}: the schema is at version {found}, not {len(STEPS)}: "
+                    "run `sessionlog migrate URL`",
+                )
+            for step in STEPS[found:]:
+                for statement in filter(str.strip, step.split(";")):
+                    open_connection.execute(statement)
+            open_connection.execute("delete from sessionlog.schema_version")
+            open_connection.execute("insert into sessionlog.schema_version values (%s)", (len(STEPS),))
+
+    def close(self) -> None:
+        if self.owns_pool and self.pool is not None:
+            self.pool.close()  # a pool the caller passed stays the caller's, open
+
+    # -- connections and transactions ------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[Any]:
+        with self.pool.connection() as connection:
+            yield connection
+
+    def connect(self) -> Any:
+        """A connection of its own (the async repository's writer thread)."""
+        return self.psycopg.connect(self.pool.conninfo, autocommit=True)
+
+    @contextlib.contextmanager
+    def transaction(self, connection: Any = None) -> Iterator[Any]:
+        """One transaction; COMMIT is sent once and never retried: a connection that breaks
+        during it raises CommitOutcomeUnknownError."""
+        if connection is None:
+            with self.pool.connection() as pooled, self.transaction(pooled) as open_connection:
+                yield open_connection
+            return
+        psycopg = self.psycopg
+        if connection.autocommit:
+            connection.execute("begin")
+        try:
+            yield connection
+        except BaseException as error:
+            with contextlib.suppress(psycopg.Error):
+                connection.rollback()
+            if isinstance(error, psycopg.errors.UniqueViolation):
+                raise SessionExistsError(0, f"{self.path}: {error}") from None
+            if isinstance(error, psycopg.Error):
+                raise SessionPathError(errno.EIO, f"{self.path}: {error}") from error
+            raise
+        try:
+            connection.commit()
+        except psycopg.OperationalError as error:
+            raise CommitOutcomeUnknownError(
+                f"{self.path}: the connection broke during COMMIT ({error}); the commit may or may not "
+                "have landed: reopen the session to read which"
+            ) from error
+        except psycopg.Error as error:
+            raise SessionPathError(errno.EIO, f"{self.path}: COMMIT failed: {error}") from error
+
+    def read(self, session_id: str, connection: Any = None) -> bytes:
+        """The session's lines joined by the server, in one binary value."""
+        if connection is None:
+            with self.reading() as reader:
+                return self.read(session_id, reader)
+        (data,) = connection.execute(
+            "select string_agg(line, ''::bytea order by line_no) from sessionlog.lines where session_id = %s",
+            (self._id(session_id),),
+            binary=True,
+        ).fetchone()
+        if data is None:
+            if not connection.execute(self.sql["exists"], (session_id,)).fetchone():
+                raise self._missing(session_id)
+            return b""
+        return bytes(data)
+
+    # -- writers -----------------------------------------------------------------------------------
+
+    def open(self, session_id: str, *, take_over: bool = False) -> SessionStore:
+        """The session for writing; SessionLockedError while another writer's lease runs
+        (`take_over=True`: take it anyway; that writer is fenced at its next commit)."""
+        backend = PostgresSession(self, session_id, self.claim(session_id, take_over=take_over))
+        return SessionStore.open_backend(backend, self.store_path(session_id), self.info)
+
+    def claim(self, session_id: str, connection: Any = None, *, take_over: bool = False) -> int:
+        session_id = self._id(session_id)
+        with self.transaction(connection) as open_connection:
+            row = open_connection.execute(
+                "update sessionlog.sessions set writer = %s, writer_epoch = writer_epoch + 1, "
+                f"lease_expires_at = now() + {self.lease} where session_id = %s "
+                "and (writer is null or lease_expires_at <= now() or %s) returning writer_epoch",
+                (self.me, session_id, take_over),
+            ).fetchone()
+            if row is None:
+                holder = open_connection.execute(
+                    "select writer, lease_expires_at from sessionlog.sessions where session_id = %s",
+                    (session_id,),
+                ).fetchone()
+                if holder is None:
+                    raise self._missing(session_id)
+                raise SessionLockedError(
+                    f"session {session_id} in {self.path} is held by {holder[0]} (lease until {holder[1]})"
+                )
+        return int(row[0])
+
+    def claim_unfinished(self) -> SessionStore | None:
+        """One session that needs recovery (an open operation, the lease expired), opened for
+        writing; None when there is none. Two workers calling this never get the same one."""
+        with self.transaction() as connection:
+            row = connection.execute(
+                "with candidate as (select session_id from sessionlog.sessions where not idle "
+                "and (writer is null or lease_expires_at <= now()) order by updated_at "
+                "limit 1 for update skip locked) "
+                "update sessionlog.sessions s set writer = %s, writer_epoch = s.writer_epoch + 1, "
+                f"lease_expires_at = now() + {self.lease} from candidate "
+                "where s.session_id = candidate.session_id returning s.session_id, s.writer_epoch",
+                (self.me,),
+            ).fetchone()
+        if row is None:
+            return None
+        backend = PostgresSession(self, row[0], int(row[1]))
+        return SessionStore.open_backend(backend, self.store_path(row[0]), self.info)
+
+
+class PostgresSession(SessionRows):
+    """One session as a sync store's backend: each commit one transaction on a pooled connection."""
+
+    repository: PostgresRepository
+
+    def read(self) -> bytes:
+        with self.repository.reading() as connection:
+            return self.load(connection)
+
+    def truncate(self, length: int) -> None:
+        with self.repository.reading() as connection:
+            self.cut(connection, length)
+
+    def append(self, line: bytes) -> None:
+        with self.repository.transaction() as connection:
+            written = self.write(connection, (line,))
+        self.advance(written)
+
+    def close(self) -> None:
+        if self.epoch:
+            with contextlib.suppress(Exception), self.repository.reading() as connection:
+                self.release(connection)
+
+
+def _display(info: Any) -> str:
+    """`postgresql:HOST:PORT/DATABASE`: the server, never the password."""
+    return f"postgresql:{info.host}:{info.port}/{info.dbname}"
+
+
+def _without_secrets(error: Exception, location: str) -> str:
+    """The error's message with any part of the location that holds a secret removed."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    from urllib.parse import urlsplit
+
+    with contextlib.suppress(ValueError):
+        password = urlsplit(location).password
+        if password:
+            text = text.replace(password, "***")
+    for part in location.split():
+        if part.startswith("password="):
+            text = text.replace(part.partition("=")[2], "***")
+    return text
