@@ -88,3 +88,24 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Any:
         return Run(capsys, list(argv), registry)
 
     return run
+
+
+# -- PostgreSQL: one throwaway server for the whole run ------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Any:
+    """A throwaway PostgreSQL cluster (`sessionlog.testing.postgres`). Skipped with the reason when
+    none can be had here, unless SESSIONLOG_REQUIRE_POSTGRES is set (CI): then it fails."""
+    import os
+
+    from sessionlog.testing.postgres import PostgresServer, PostgresUnavailable
+
+    try:
+        server = PostgresServer.start()
+    except (PostgresUnavailable, ModuleNotFoundError) as error:
+        if os.environ.get("SESSIONLOG_REQUIRE_POSTGRES"):
+            pytest.fail(f"PostgreSQL is required here (SESSIONLOG_REQUIRE_POSTGRES) and cannot start: {error}")
+        pytest.skip(f"no PostgreSQL server can be started here: {error}")
+    yield server
+    server.stop()

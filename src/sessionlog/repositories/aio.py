@@ -43,8 +43,9 @@ _ASYNC_TWIN = {"jsonl-fsync": "jsonl-group", "jsonl": "jsonl-async"}
 class AsyncRepository(AsyncRepositoryBase):
     """The methods every async repository shares: the sync repository's, on its own thread."""
 
-    def __init__(self, sync: Any) -> None:
+    def __init__(self, sync: Any, *, owns_sync: bool = True) -> None:
         self.sync = sync
+        self.owns_sync = owns_sync  # close the sync repository at close (it is this one's)
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sessionlog-repository")
 
     async def _call(self, function: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
@@ -87,7 +88,8 @@ class AsyncRepository(AsyncRepositoryBase):
         return await self._call(self.sync.unfinished)
 
     async def close(self) -> None:
-        await self._call(self.sync.close)
+        if self.owns_sync:
+            await self._call(self.sync.close)
         self._executor.shutdown()
 
     async def __aenter__(self) -> AsyncRepository:
@@ -131,8 +133,8 @@ class AsyncSQLRepository(AsyncRepository):
 
     sync: SQLRepository
 
-    def __init__(self, sync: SQLRepository) -> None:
-        super().__init__(sync)
+    def __init__(self, sync: SQLRepository, *, owns_sync: bool = True) -> None:
+        super().__init__(sync, owns_sync=owns_sync)
         self.writer = BatchWriter(sync)
 
     async def create(self, **header: Any) -> AsyncSessionStore:

@@ -50,7 +50,7 @@ from ..core.errors import (
 )
 from ..core.store import BackendInfo, SessionStore
 from .rows import SessionRows
-from .sql import SQLRepository, statements
+from .sql import SQLRepository, gone, statements
 
 SCHEMA_VERSION = 1
 STEPS = (
@@ -329,10 +329,12 @@ class PostgresRepository(SQLRepository):
     def claim(self, session_id: str, connection: Any = None, *, take_over: bool = False) -> int:
         session_id = self._id(session_id)
         with self.transaction(connection) as open_connection:
-            row = open_connection.execute(
+            take = (
                 "update sessionlog.sessions set writer = %s, writer_epoch = writer_epoch + 1, "
                 f"lease_expires_at = now() + {self.lease} where session_id = %s "
-                "and (writer is null or lease_expires_at <= now() or %s) returning writer_epoch",
+            )
+            row = open_connection.execute(
+                take + "and (writer is null or lease_expires_at <= now() or %s) returning writer_epoch",
                 (self.me, session_id, take_over),
             ).fetchone()
             if row is None:
@@ -342,10 +344,20 @@ class PostgresRepository(SQLRepository):
                 ).fetchone()
                 if holder is None:
                     raise self._missing(session_id)
-                raise SessionLockedError(
-                    f"session {session_id} in {self.path} is held by {holder[0]} (lease until {holder[1]})"
-                )
+                if gone(holder[0]):  # a writer of this host whose process ended: no need to wait
+                    row = open_connection.execute(
+                        take + "and writer = %s returning writer_epoch", (self.me, session_id, holder[0])
+                    ).fetchone()
+                if row is None:
+                    lease = f"lease until {holder[1]}"
+                    raise SessionLockedError(
+                        f"session {session_id} in {self.path} is held by {holder[0]} ({lease})"
+                    )
         return int(row[0])
+
+    def holds(self, holder: Any, session_id: str) -> bool:
+        """A writer whose lease runs, unless it was a process of this host that ended."""
+        return holder is not None and not gone(holder)
 
     def claim_unfinished(self) -> SessionStore | None:
         """One session that needs recovery (an open operation, the lease expired), opened for

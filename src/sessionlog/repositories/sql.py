@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import builtins
 import json
+import os
+import socket
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -42,6 +44,22 @@ SQL = {
     "list": "select session_id, created_at, updated_at, head_line, head_bytes, summary, labels, {held} "
     "from {s}sessions {where} order by updated_at desc, session_id desc",
 }
+
+
+def gone(holder: str) -> bool:
+    """Whether the writer named `holder` (`host:pid`, maybe `:token` after) was a process of this
+    host that has ended. Another host's writer is never known gone (only its lease can tell)."""
+    host, _, rest = holder.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def statements(prefix: str = "", placeholder: str = "?", held: str = "writer") -> dict[str, str]:

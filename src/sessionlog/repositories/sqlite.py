@@ -38,7 +38,7 @@ from ..core.errors import (
 from ..core.store import SessionStore
 from .rows import SessionRows
 from .schema import migrate, version_of
-from .sql import SQLRepository, statements
+from .sql import SQLRepository, gone, statements
 
 STEPS = (
     # 1: the summary row of each session and its lines, byte for byte
@@ -88,18 +88,9 @@ def _held(holder: str | None, key: tuple[str, str]) -> bool:
     """Whether the writer named `holder` (host:pid) may still hold the session `key`."""
     if holder is None:
         return False
-    host, _, pid = holder.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return True  # another host: only a lease can tell (PostgreSQL repositories have them)
-    if int(pid) == os.getpid():
+    if holder == _me():
         return key in _HELD_HERE
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
+    return not gone(holder)
 
 
 class SQLiteRepository(SQLRepository):

@@ -27,8 +27,11 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from ..plugins.hookspecs import hookimpl
 
 USER = "sessionlog"
 DATABASE = "sessionlog"
@@ -236,3 +239,107 @@ class PostgresServer:
     def promote(self) -> None:
         """Make this standby a primary (after its primary died)."""
         self._run(self.bin / "pg_ctl", "-D", self.data, "-w", "promote")
+
+
+# -- the store contract on PostgreSQL ------------------------------------------------------------
+
+
+class PathSessions:
+    """A plugin registering `postgres-store` (sync) and `postgres-store-async` for the store
+    contract, whose tests name sessions by path: each path names the session created there, in
+    one repository at `url`. (The repository API names sessions by id; this only maps.)"""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.ids: dict[str, str] = {}
+        self._repository: Any = None
+
+    def repository(self) -> Any:
+        if self._repository is None:
+            from ..repositories.postgres import PostgresRepository
+
+            self._repository = PostgresRepository(self.url)
+        return self._repository
+
+    def close(self) -> None:
+        if self._repository is not None:
+            self._repository.close()
+
+    def session_id(self, path: Path, create: bytes | None) -> str:
+        """The id of the session at `path`: a new one holding the header `create`, or the one
+        made there before."""
+        import orjson
+
+        from ..core.errors import SessionExistsError, SessionNotFoundError
+
+        key = os.path.realpath(path)
+        if create is not None:
+            if key in self.ids:
+                raise SessionExistsError(0, f"a session already exists: {path}", str(path))
+            self.repository().insert_header(create)
+            self.ids[key] = orjson.loads(create)["id"]
+        elif key not in self.ids:
+            raise SessionNotFoundError(2, f"no session at {path}", str(path))
+        return self.ids[key]
+
+    def open_sync(self, path: Path, *, create: bytes | None = None, lock: bool = True) -> Any:
+        from ..repositories.postgres import PostgresSession
+
+        repository = self.repository()
+        session_id = self.session_id(path, create)
+        return PostgresSession(repository, session_id, repository.claim(session_id))
+
+    async def open_async(self, path: Path, *, create: bytes | None = None, lock: bool = True) -> Any:
+        import asyncio
+
+        from ..repositories.aio import AsyncRowsSession, AsyncSQLRepository
+
+        repository = self.repository()
+        session_id = self.session_id(path, create)
+        epoch = await asyncio.to_thread(repository.claim, session_id)
+        owner = AsyncSQLRepository(repository, owns_sync=False)  # the repository stays open
+        return AsyncRowsSession(owner, session_id, epoch, owner_closes=True)
+
+    @hookimpl
+    def register_backends(self, register: Any) -> None:
+        from ..repositories.postgres import ASYNC_INFOS, INFOS
+
+        register("postgres-store", self.open_sync, _renamed(INFOS["power"], "postgres-store"))
+        register(
+            "postgres-store-async", self.open_async, _renamed(ASYNC_INFOS["power"], "postgres-store-async")
+        )
+
+    def registry(self) -> Any:
+        from ..plugins.registry import Registry, plugin_manager
+
+        return Registry(plugin_manager(builtins=False, entry_points=False, plugins=[self]))
+
+
+class PostgresRows:
+    """Mixin for a store contract class of `PathSessions`' backends: the byte hooks read and
+    replace a session's rows. Set `paths` (a `PathSessions`) before the harness is made."""
+
+    paths: PathSessions
+    unsupported: ClassVar[Mapping[str, str]] = {
+        "files": "a session is rows in a database, not a file",
+        "file_ops": "the server does the I/O; a killed server and a broken connection are tested instead",
+        "flock": "the contract's paths are mapped in this process only; a writer in another process is "
+        "refused by its lease (tests/test_postgres.py)",
+    }
+
+    def raw_bytes(self, path: Path) -> bytes:
+        from .raw_rows import stored_rows
+
+        return stored_rows(self.paths.repository(), self.paths.ids[os.path.realpath(path)])
+
+    def write_raw(self, path: Path, data: bytes) -> None:
+        from .raw_rows import replace_rows
+
+        key = os.path.realpath(path)
+        self.paths.ids[key] = replace_rows(self.paths.repository(), self.paths.ids.get(key), data)
+
+
+def _renamed(info: Any, name: str) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(info, name=name)
