@@ -105,7 +105,7 @@ def postgres_server() -> Any:
         server = PostgresServer.start()
     except (PostgresUnavailable, ModuleNotFoundError) as error:
         if os.environ.get("SESSIONLOG_REQUIRE_POSTGRES"):
-            pytest.fail(f"PostgreSQL is required here (SESSIONLOG_REQUIRE_POSTGRES) and cannot start: {error}")
+            pytest.fail(f"PostgreSQL is required (SESSIONLOG_REQUIRE_POSTGRES) and cannot start: {error}")
         pytest.skip(f"no PostgreSQL server can be started here: {error}")
     yield server
     server.stop()

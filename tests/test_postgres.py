@@ -5,7 +5,6 @@ table in the way."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import subprocess
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 
 import sessionlog
+from conftest import FIXTURES
 from sessionlog.core import facts as F
 from sessionlog.testing import AsyncStoreContract, StoreContract
 from sessionlog.testing.postgres import PathSessions, PostgresRows, PostgresServer
@@ -95,7 +95,331 @@ class StoreHooks(PostgresRows):
 
 class TestPostgresStore(StoreHooks, StoreContract):
     backend = "postgres-store"
+    fixture_dir = FIXTURES
 
 
 class TestPostgresAsyncStore(StoreHooks, AsyncStoreContract):
     backend = "postgres-store-async"
+    fixture_dir = FIXTURES
+
+
+# -- schema, roles, bad input --------------------------------------------------------------------
+
+KILLS = 2_000 if os.environ.get("SESSIONLOG_SOAK") == "1" else 200
+
+
+def test_many_workers_starting_at_once_make_the_schema_once(postgres_server: PostgresServer) -> None:
+    url = fresh_database(postgres_server)
+    source = "import sys, sessionlog\nrepo = sessionlog.repository(sys.argv[1])\nprint(len(repo.list()))"
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", source, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(6)
+    ]
+    answers = [child.communicate(timeout=120) for child in children]
+    assert [out.strip() for out, _ in answers] == ["0"] * 6, [error[-300:] for _, error in answers]
+    assert sql(url, "select version from sessionlog.schema_version") == [(1,)]
+
+
+def test_migrate_apart_and_a_runtime_role_with_table_rights_only(
+    postgres_server: PostgresServer, cli: Any
+) -> None:
+    url = fresh_database(postgres_server)
+    with pytest.raises(sessionlog.SessionPathError, match="sessionlog migrate"):
+        sessionlog.repository(url, migrate=False)
+    run = cli("migrate", url)
+    assert run.code == 0 and "version 1" in run.out and postgres_server.password not in run.out + run.err
+    assert cli("migrate", url).code == 0  # nothing left to do
+    postgres_server.psql("create role agent login password 'agent-secret'")
+    for statement in (
+        "grant usage on schema sessionlog to agent",
+        "grant select, insert, update, delete on all tables in schema sessionlog to agent",
+    ):
+        sql(url, statement)
+    runtime = url.replace(f"sessionlog:{postgres_server.password}@", "agent:agent-secret@")
+    with sessionlog.repository(runtime, migrate=False) as repo, repo.create(**HEADER) as store:
+        store.commit(F.accept_prompt("no DDL needed"))
+        assert repo.list()[0].title == "no DDL needed"
+    import psycopg
+
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):  # the runtime role cannot change the schema
+        sql(runtime, "drop table sessionlog.lines")
+
+
+def test_bad_credentials_and_hosts_are_typed_errors_without_the_password(
+    postgres_server: PostgresServer,
+) -> None:
+    secret = "hunter2-not-the-password"
+    wrong = postgres_server.url.replace(postgres_server.password, secret)
+    with pytest.raises(sessionlog.SessionPathError) as caught:
+        sessionlog.repository(wrong)
+    assert "password authentication failed" in str(caught.value)
+    assert secret not in str(caught.value) and secret not in repr(caught.value)
+    assert postgres_server.password not in str(caught.value)
+    closed = f"postgresql://sessionlog:{secret}@127.0.0.1:1/sessionlog?connect_timeout=2"
+    with pytest.raises(sessionlog.SessionPathError) as caught:
+        sessionlog.repository(closed)
+    assert secret not in str(caught.value)
+    with sessionlog.repository(postgres_server.url) as repo:
+        assert postgres_server.password not in repr(repo) + str(repo.path)
+
+
+def test_a_foreign_table_of_the_same_name_is_refused_and_left_alone(postgres_server: PostgresServer) -> None:
+    url = fresh_database(postgres_server)
+    sql(url, "create schema sessionlog")
+    sql(url, "create table sessionlog.sessions (id serial primary key, secret text)")
+    sql(url, "insert into sessionlog.sessions (secret) values ('theirs')")
+    with pytest.raises(sessionlog.SessionPathError, match="another application's table"):
+        sessionlog.repository(url)
+    assert sql(url, "select secret from sessionlog.sessions") == [("theirs",)]
+    assert sql(url, "select to_regclass('sessionlog.lines')") == [(None,)]
+
+
+def test_the_replicated_class_is_refused_without_a_synchronous_standby(
+    postgres_server: PostgresServer,
+) -> None:
+    with pytest.raises(sessionlog.DurabilityUnavailableError, match="synchronous_standby_names is empty"):
+        sessionlog.repository(postgres_server.url, durability="replicated")
+    with pytest.raises(ValueError, match="synchronous_commit=off is no class"):
+        sessionlog.repository(postgres_server.url, durability="process")
+
+
+def test_a_pool_the_caller_passes_stays_the_callers(postgres_server: PostgresServer) -> None:
+    from psycopg_pool import ConnectionPool
+
+    url = fresh_database(postgres_server)
+    with ConnectionPool(url, min_size=1, max_size=4, open=True) as pool:
+        repo = sessionlog.repositories.postgres.PostgresRepository(pool=pool)
+        with repo.create(**HEADER) as store:
+            store.commit(F.accept_prompt("on your pool"))
+        repo.close()
+        assert not pool.closed
+        with pool.connection() as connection:
+            assert connection.execute("select count(*) from sessionlog.lines").fetchone() == (2,)
+
+
+# -- writers across hosts ------------------------------------------------------------------------
+
+
+def test_a_lease_expires_and_the_old_writer_is_fenced(postgres_server: PostgresServer) -> None:
+    url = fresh_database(postgres_server)
+    with sessionlog.repository(url, lease_seconds=0.5) as repo:
+        first = repo.create(**HEADER)
+        first.commit(F.accept_prompt("slow worker"))
+        session_id = first.load().session_id
+        with pytest.raises(sessionlog.SessionLockedError, match="lease until"):
+            repo.open(session_id)
+        time.sleep(0.7)  # no commit renewed the lease
+        assert [row.session_id for row in repo.unfinished()] == [session_id]
+        second = repo.open(session_id)
+        with pytest.raises(sessionlog.StorePoisonedError) as caught:
+            first.commit([F.user_message("too late")])
+        assert isinstance(caught.value.__cause__, sessionlog.SessionChangedError)
+        second.commit([F.user_message("the new writer")])
+        assert [m["content"] for m in repo.load(session_id).transcript][-1] == "the new writer"
+        first.close()
+        second.close()
+
+
+def test_two_recovery_workers_never_claim_the_same_session(postgres_server: PostgresServer) -> None:
+    url = fresh_database(postgres_server)
+    with sessionlog.repository(url) as repo:
+        for index in range(12):
+            with repo.create(**HEADER) as store:
+                store.commit(F.accept_prompt(f"crashed {index}"))
+        claimed: list[str] = []
+        lock = threading.Lock()
+
+        def worker() -> None:
+            with sessionlog.repository(url) as mine:
+                while (store := mine.claim_unfinished()) is not None:
+                    with lock:
+                        claimed.append(store.load().session_id)
+                    time.sleep(0.01)  # recovering, while holding it
+
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(claimed) == 12 and len(set(claimed)) == 12
+
+
+_HOST = """
+import sys, time, sessionlog
+from sessionlog.core import facts as F
+url, session_id, name, take = sys.argv[1:5]
+repo = sessionlog.repository(url)
+store = repo.open(session_id, take_over=take == "take")
+print("open", flush=True)
+written = 0
+try:
+    for index in range(10_000):
+        store.commit([F.user_message(f"{name} {index}")])
+        written += 1
+        time.sleep(0.001)
+except sessionlog.StorePoisonedError as error:
+    print("fenced", written, type(error.__cause__).__name__, flush=True)
+"""
+
+
+def test_two_writers_on_two_hosts_one_is_fenced_and_lines_never_interleave(
+    postgres_server: PostgresServer,
+) -> None:
+    url = fresh_database(postgres_server)
+    with sessionlog.repository(url) as repo, repo.create(**HEADER) as store:
+        session_id = store.load().session_id
+    first = subprocess.Popen(
+        [sys.executable, "-c", _HOST, url, session_id, "a", "wait"], stdout=subprocess.PIPE, text=True
+    )
+    assert first.stdout is not None and first.stdout.readline().strip() == "open"
+    refused = subprocess.run(
+        [sys.executable, "-c", _HOST, url, session_id, "b", "wait"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "SessionLockedError" in refused.stderr
+    time.sleep(0.2)
+    second = subprocess.Popen(
+        [sys.executable, "-c", _HOST, url, session_id, "b", "take"], stdout=subprocess.PIPE, text=True
+    )
+    assert second.stdout is not None and second.stdout.readline().strip() == "open"
+    fenced = first.stdout.readline().split()
+    with sessionlog.repository(url) as repo:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and repo.load(session_id).transcript[-1]["content"][0] != "b":
+            time.sleep(0.05)  # the new writer goes on
+    second.kill()
+    second.communicate()
+    first.communicate()
+    assert fenced[0] == "fenced" and fenced[2] == "SessionChangedError"
+    with sessionlog.repository(url) as repo:
+        writers = [m["content"].split()[0] for m in repo.load(session_id).transcript]
+    assert writers == sorted(writers) and writers.count("a") == int(fenced[1]) and "b" in writers
+
+
+# -- an unknown COMMIT outcome -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_connection_broken_at_commit_poisons_and_reopening_tells_the_truth(
+    when: str, postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import psycopg
+
+    url = fresh_database(postgres_server)
+    repo = sessionlog.repository(url)
+    store = repo.create(**HEADER)
+    store.commit(F.accept_prompt("kept"))
+    session_id = store.load().session_id
+    real_commit = psycopg.Connection.commit
+    armed = True
+
+    def terminate(connection: Any) -> None:
+        sql(url, "select pg_terminate_backend(%s)", connection.info.backend_pid)
+
+    def commit(connection: Any) -> None:
+        nonlocal armed
+        if not armed:
+            return real_commit(connection)
+        armed = False
+        if when == "before":
+            terminate(connection)  # the COMMIT then goes to a dead backend
+            return real_commit(connection)
+        real_commit(connection)  # it landed; then the answer is lost with the connection
+        terminate(connection)
+        connection.close()
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(psycopg.Connection, "commit", commit)
+    with pytest.raises(sessionlog.StorePoisonedError) as caught:
+        store.commit([F.user_message("in doubt")])
+    assert isinstance(caught.value.__cause__, sessionlog.CommitOutcomeUnknownError)
+    assert "may or may not" in str(caught.value.__cause__)
+    with pytest.raises(sessionlog.StorePoisonedError):
+        store.commit([F.user_message("never retried")])
+    store.close()
+    monkeypatch.setattr(psycopg.Connection, "commit", real_commit)
+    with repo.open(session_id) as reopened:
+        contents = [m["content"] for m in reopened.load().transcript]
+    assert contents == (["kept", "in doubt"] if when == "after" else ["kept"])
+    assert "never retried" not in contents
+    repo.close()
+
+
+# -- crashes ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_kill9_of_a_postgres_client_loses_nothing(api: str, postgres_server: PostgresServer) -> None:
+    from sessionlog.testing.repository_kills import run_repository_kills
+
+    report = run_repository_kills(fresh_database(postgres_server), KILLS, use_async=api == "async")
+    print(
+        f"\npostgres client ({api}): {report.kills} kills, {report.acknowledged} acknowledged, "
+        f"{report.lost} lost"
+    )
+    assert report.failures == [] and report.lost == 0
+    assert report.kills == KILLS and report.acknowledged > 0
+
+
+def test_kill9_of_the_postmaster_during_commits_loses_nothing(postgres_server: PostgresServer) -> None:
+    """power: the server is SIGKILLed mid-commit (its backends too) and restarted; every commit a
+    client saw acknowledged is there after recovery."""
+    from sessionlog.testing.repository_kills import run_repository_kills
+
+    url = fresh_database(postgres_server)
+
+    def crash(child: Any) -> None:
+        postgres_server.kill()
+        child.wait(timeout=60)
+        postgres_server.restart()
+
+    report = run_repository_kills(url, 10, max_wait=0.3, crash=crash)
+    print(f"\npostmaster kills: {report.kills}, {report.acknowledged} acknowledged, {report.lost} lost")
+    assert report.failures == [] and report.lost == 0 and report.acknowledged > 0
+
+
+def test_replicated_kill9_of_the_primary_then_promote_loses_nothing(tmp_path: Path) -> None:
+    """replicated: a primary with a synchronous standby is SIGKILLed mid-commit; the standby is
+    promoted; every acknowledged commit is on it."""
+    from sessionlog.testing.postgres import PostgresUnavailable
+    from sessionlog.testing.repository_kills import run_repository_kills
+
+    rounds, acknowledged = 3, 0
+    for _ in range(rounds):
+        try:
+            primary = PostgresServer.start()
+        except PostgresUnavailable as error:
+            if os.environ.get("SESSIONLOG_REQUIRE_POSTGRES"):
+                raise
+            pytest.skip(f"no PostgreSQL server can be started here: {error}")
+        with primary:
+            standby = primary.standby()
+            url = primary.url
+            standby_url = url.replace(f":{primary.port}/", f":{standby.port}/")
+            sessionlog.repository(url, durability="replicated").close()
+
+            def crash(
+                child: Any,
+                primary: PostgresServer = primary,
+                standby: PostgresServer = standby,
+                standby_url: str = standby_url,
+            ) -> str:
+                primary.kill()
+                child.wait(timeout=60)
+                standby.promote()
+                return standby_url
+
+            report = run_repository_kills(
+                url, 1, max_wait=0.3, options={"durability": "replicated"}, crash=crash
+            )
+            assert report.failures == [] and report.lost == 0, report.failures
+            acknowledged += report.acknowledged
+    print(
+        f"\nreplicated: {rounds} primaries killed, {acknowledged} acknowledged, 0 lost on the promoted "
+        "standbys"
+    )
+    assert acknowledged > 0

@@ -84,6 +84,25 @@ def cmd_rm(args: argparse.Namespace, registry: Registry) -> int:
     return 0
 
 
+def cmd_migrate(args: argparse.Namespace, registry: Registry) -> int:
+    """Make or migrate a PostgreSQL repository's schema, apart from the runtime (whose role then
+    needs only SELECT, INSERT, UPDATE, DELETE)."""
+    if not args.location.startswith(("postgresql://", "postgres://")):
+        raise UsageError(
+            f"migrate is for PostgreSQL repositories (postgresql://...), not {args.location!r:.80}"
+        )
+    from ..repositories.postgres import SCHEMA_VERSION, PostgresRepository
+
+    repository = PostgresRepository(args.location)
+    found = repository.found_version
+    repository.close()
+    if found == SCHEMA_VERSION:
+        out(f"{repository.path}: the schema is at version {SCHEMA_VERSION}; nothing to do")
+    else:
+        out(f"{repository.path}: migrated the schema from version {found} to version {SCHEMA_VERSION}")
+    return 0
+
+
 def add_commands(commands: Any) -> None:
     """The repository commands, on the main parser's subcommands."""
     sub = commands.add_parser("ls", help="list the sessions of a repository, newest first")
@@ -111,6 +130,15 @@ def add_commands(commands: Any) -> None:
     sub.add_argument("--at", type=int, required=True, metavar="SEQ", help="the last seq to keep")
     sub = commands.add_parser("rm", help="remove a session and its summary (refused while a writer holds it)")
     sub.add_argument("session", metavar="LOCATION#SESSION_ID")
+    sub = commands.add_parser("migrate", help="make or migrate a PostgreSQL repository's schema")
+    sub.add_argument("location", metavar="URL", help="postgresql://user@host/database")
 
 
-COMMANDS = {"ls": cmd_ls, "export": cmd_export, "import": cmd_import, "fork": cmd_fork, "rm": cmd_rm}
+COMMANDS = {
+    "ls": cmd_ls,
+    "export": cmd_export,
+    "import": cmd_import,
+    "fork": cmd_fork,
+    "rm": cmd_rm,
+    "migrate": cmd_migrate,
+}

@@ -233,11 +233,12 @@ class PostgresRepository(SQLRepository):
                 raise SessionPathError(
                     0, f"{self.path}: sessionlog.sessions is another application's table; nothing was changed"
                 )
-            found = 0
+            found = self.found_version = 0
             if version_table is not None:
                 found = open_connection.execute(
                     "select max(version) from sessionlog.schema_version"
                 ).fetchone()[0]
+            self.found_version = found
             if found > len(STEPS):
                 raise SessionPathError(
                     0, f"{self.path}: schema version {found} is newer than this sessionlog"
@@ -295,6 +296,7 @@ class PostgresRepository(SQLRepository):
         try:
             connection.commit()
         except psycopg.OperationalError as error:
+            connection.close()  # broken: a pool discards it rather than lend it again
             raise CommitOutcomeUnknownError(
                 f"{self.path}: the connection broke during COMMIT ({error}); the commit may or may not "
                 "have landed: reopen the session to read which"

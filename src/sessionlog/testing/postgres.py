@@ -231,7 +231,7 @@ class PostgresServer:
         self.psql("select pg_reload_conf()")
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if "sync" in self.psql("select sync_state from pg_stat_replication"):
+            if self.psql("select count(*) from pg_stat_replication where sync_state = 'sync'") == "(1,)":
                 return standby
             time.sleep(0.1)
         raise PostgresUnavailable("the standby did not become synchronous within 60 s")
@@ -333,10 +333,11 @@ class PostgresRows:
         return stored_rows(self.paths.repository(), self.paths.ids[os.path.realpath(path)])
 
     def write_raw(self, path: Path, data: bytes) -> None:
+        from ..core.ids import new_id
         from .raw_rows import replace_rows
 
-        key = os.path.realpath(path)
-        self.paths.ids[key] = replace_rows(self.paths.repository(), self.paths.ids.get(key), data)
+        key = os.path.realpath(path)  # one database for every test: a new id, not the header's
+        self.paths.ids[key] = replace_rows(self.paths.repository(), self.paths.ids.get(key) or new_id(), data)
 
 
 def _renamed(info: Any, name: str) -> Any:

@@ -18,13 +18,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import random
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import sessionlog
 
@@ -44,9 +46,9 @@ class RepositoryKillReport:
         return not self.failures and self.lost == 0
 
 
-def child_main(location: str) -> None:
+def child_main(location: str, options: dict[str, Any]) -> None:
     """Commit one message at a time through the sync repository."""
-    repo = sessionlog.repository(location)
+    repo = sessionlog.repository(location, **options)
     rows = repo.list(limit=1)
     if rows:
         store = repo.open(rows[0].session_id)
@@ -62,10 +64,10 @@ def child_main(location: str) -> None:
         done += 1
 
 
-async def async_child_main(location: str, window: int = 8) -> None:
+async def async_child_main(location: str, options: dict[str, Any], window: int = 8) -> None:
     """Commit `window` messages at once through the async repository (its writer thread puts
     them in one transaction), printing each number once its commit returned."""
-    repo = await sessionlog.repository_async(location)
+    repo = await sessionlog.repository_async(location, **options)
     rows = await repo.list(limit=1)
     store = await (
         repo.open(rows[0].session_id) if rows else repo.create(provider="p", model="m", cwd="/kill")
@@ -85,17 +87,34 @@ async def async_child_main(location: str, window: int = 8) -> None:
 
 
 def run_repository_kills(
-    location: str, kills: int = 200, *, seed: int = 0, max_wait: float = 0.05, use_async: bool = False
+    location: str,
+    kills: int = 200,
+    *,
+    seed: int = 0,
+    max_wait: float = 0.05,
+    use_async: bool = False,
+    options: dict[str, Any] | None = None,
+    crash: Callable[[subprocess.Popen[bytes]], str | None] | None = None,
 ) -> RepositoryKillReport:
     """SIGKILL `kills` children committing to one session of the repository at `location`
-    (through the async repository with `use_async`)."""
+    (through the async repository with `use_async`; `options` for `repository()`). `crash`, if
+    given, crashes something else instead (a database server), brings it back, and returns the
+    location to check and go on with (None: the same)."""
     report = RepositoryKillReport()
     rng = random.Random(f"repository-kills:{seed}")
     committed_before = 0
     command = "async-child" if use_async else "child"
+    options = options or {}
     while report.kills < kills:
         child = subprocess.Popen(
-            [sys.executable, "-m", "sessionlog.testing.repository_kills", command, location],
+            [
+                sys.executable,
+                "-m",
+                "sessionlog.testing.repository_kills",
+                command,
+                location,
+                json.dumps(options),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
@@ -106,12 +125,16 @@ def run_repository_kills(
             report.failures.append(f"a child did not start: {last[0][-300:]}")
             return report
         time.sleep(rng.uniform(0, max_wait))
-        with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signal.SIGKILL)
+        if crash is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGKILL)
+        else:
+            location = crash(child) or location
         out, _ = child.communicate()
         report.kills += 1
         acknowledged = [int(line) for line in out.split()]
-        repo = sessionlog.repository(location)
+        # Read back with any durability: after a failover the promoted standby has none of its own.
+        repo = sessionlog.repository(location, **{k: v for k, v in options.items() if k != "durability"})
         try:
             (row,) = repo.list(limit=None)
             contents = [message["content"] for message in repo.load(row.session_id).transcript]
@@ -141,16 +164,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("child", "async-child"):
         child = commands.add_parser(name, help="commit until killed (used by the harness)")
         child.add_argument("location")
+        child.add_argument("options", nargs="?", default="{}", help="repository options, as JSON")
     run = commands.add_parser("run", help="kill committing children and check the session")
     run.add_argument("location")
     run.add_argument("--kills", type=int, default=200)
     run.add_argument("--async", dest="use_async", action="store_true", help="through repository_async")
     args = parser.parse_args(argv)
     if args.command == "child":
-        child_main(args.location)
+        child_main(args.location, json.loads(args.options))
         return 0
     if args.command == "async-child":
-        asyncio.run(async_child_main(args.location))
+        asyncio.run(async_child_main(args.location, json.loads(args.options)))
         return 0
     report = run_repository_kills(args.location, args.kills, use_async=args.use_async)
     print(
