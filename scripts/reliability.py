@@ -383,6 +383,121 @@ def hostile() -> tuple[Table, bool]:
     ], ok
 
 
+def postgres(kills: int) -> tuple[Table, bool]:
+    """kill -9 of PostgreSQL clients and of the postmaster, a failover to a synchronous standby,
+    and the PostgreSQL fault tests of tests/test_postgres.py, on throwaway servers."""
+    from sessionlog.testing.postgres import PostgresServer, PostgresUnavailable
+
+    try:
+        server = PostgresServer.start()
+    except (PostgresUnavailable, ModuleNotFoundError) as error:
+        return [Row("PostgreSQL", "postgres", "power", "-", "-", f"skipped: {error}")], True
+    rows, ok = [], True
+
+    def row(test: str, durability: str, report: Any, cases: str) -> None:
+        nonlocal ok
+        ok = ok and report.ok
+        name = "postgres" if durability == "power" else "postgres-replicated"
+        result = "pass" if report.ok else "FAIL: " + "; ".join(report.failures[:2])
+        rows.append(Row(test, name, durability, cases, str(report.lost), result))
+
+    with server:
+        for use_async in (False, True):
+            report = _timed(
+                f"kill -9 of PostgreSQL clients ({'async' if use_async else 'sync'})",
+                lambda use_async=use_async: run_repository_kills(
+                    server.new_database(), kills, use_async=use_async
+                ),
+            )
+            row(
+                f"kill -9 of a PostgreSQL client ({'async, 8 commits at once' if use_async else 'sync'})",
+                "power",
+                report,
+                f"{report.kills} kills ({report.acknowledged} acknowledged commits)",
+            )
+
+        def crash(child: Any) -> None:
+            server.kill()
+            child.wait(timeout=60)
+            server.restart()
+
+        report = _timed(
+            "kill -9 of the postmaster",
+            lambda: run_repository_kills(server.new_database(), 10, max_wait=0.3, crash=crash),
+        )
+        row(
+            "kill -9 of the PostgreSQL server (postmaster and backends) mid-commit, restart",
+            "power",
+            report,
+            f"{report.kills} server kills ({report.acknowledged} acknowledged commits)",
+        )
+    acknowledged, failures = 0, []
+    for _ in range(3):
+        with PostgresServer.start() as primary:
+            standby = primary.standby()
+            standby_url = primary.url.replace(f":{primary.port}/", f":{standby.port}/")
+
+            def failover(
+                child: Any, primary: Any = primary, standby: Any = standby, url: str = standby_url
+            ) -> str:
+                primary.kill()
+                child.wait(timeout=60)
+                standby.promote()
+                return url
+
+            report = _timed(
+                "failover",
+                lambda failover=failover, primary=primary: run_repository_kills(
+                    primary.url, 1, max_wait=0.3, options={"durability": "replicated"}, crash=failover
+                ),
+            )
+            acknowledged += report.acknowledged
+            failures += report.failures
+            report.acknowledged = acknowledged
+            report.failures = failures
+    row(
+        "kill -9 of the primary mid-commit, promote its synchronous standby",
+        "replicated",
+        report,
+        f"3 failovers ({acknowledged} acknowledged commits, read on the promoted standbys)",
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(ROOT / "tests" / "test_postgres.py"),
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "connection_broken or two_writers or bad_credentials or foreign_table or recovery_workers "
+            "or lease_expires or migrate or many_workers",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    print(f"PostgreSQL fault tests ... {time.monotonic() - started:.1f}s", flush=True)
+    passed = re.search(r"(\d+) passed", done.stdout)
+    ok = ok and done.returncode == 0
+    rows.append(
+        Row(
+            "PostgreSQL faults: connection terminated before and after COMMIT (poisoned, reopening tells "
+            "which), two writers on two hosts (one fenced, never interleaved), lease expiry, recovery "
+            "workers (SKIP LOCKED), migration race, DML-only role, bad credentials (no password shown), "
+            "a foreign table (untouched)",
+            "postgres",
+            "power",
+            f"{passed.group(1) if passed else '?'} checks",
+            "0" if done.returncode == 0 else "see result",
+            "pass" if done.returncode == 0 else "FAIL: " + done.stdout.strip()[-200:],
+        )
+    )
+    return rows, ok
+
+
 def _machine() -> list[str]:
     cpu = platform.processor() or platform.machine()
     try:
@@ -524,6 +639,7 @@ def main(argv: list[str] | None = None) -> int:
             operator_kills(kills // 4, directory),
             agent_loop(kills, directory),
             sqlite_writers(kills, directory),
+            postgres(kills),
             power_loss(names, traces, directory),
             bit_flips(names, directory),
             faults(names, directory),

@@ -5,7 +5,6 @@ table in the way."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import subprocess
 import sys
@@ -24,14 +23,10 @@ from sessionlog.testing.postgres import PathSessions, PostgresRows, PostgresServ
 from sessionlog.testing.repository_suite import AsyncRepositoryContract, RepositoryContract
 
 HEADER: dict[str, Any] = {"provider": "openrouter", "model": "test/model", "cwd": "/w"}
-_NAMES = itertools.count()
 
 
 def fresh_database(server: PostgresServer) -> str:
-    """A new, empty database on the server; its URL."""
-    name = f"t{os.getpid()}_{next(_NAMES)}"
-    server.psql(f"create database {name}")
-    return server.url_for(name)
+    return server.new_database()
 
 
 def sql(url: str, statement: str, *values: Any) -> list[tuple[Any, ...]]:

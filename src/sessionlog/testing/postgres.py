@@ -199,6 +199,12 @@ class PostgresServer:
     def url_for(self, database: str) -> str:
         return f"postgresql://{USER}:{self.password}@127.0.0.1:{self.port}/{database}"
 
+    def new_database(self) -> str:
+        """A new, empty database on this server; its URL."""
+        name = f"db_{secrets.token_hex(6)}"
+        self.psql(f"create database {name}")
+        return self.url_for(name)
+
     def psql(self, sql: str, database: str = "postgres") -> str:
         """Run `sql` as the superuser; its output."""
         import psycopg
