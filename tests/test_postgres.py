@@ -309,26 +309,27 @@ def test_a_connection_broken_at_commit_poisons_and_reopening_tells_the_truth(
     store = repo.create(**HEADER)
     store.commit(F.accept_prompt("kept"))
     session_id = store.load().session_id
-    real_commit = psycopg.Connection.commit
+    real_execute = psycopg.Connection.execute
     armed = True
 
     def terminate(connection: Any) -> None:
         sql(url, "select pg_terminate_backend(%s)", connection.info.backend_pid)
 
-    def commit(connection: Any) -> None:
+    def execute(connection: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        """The commit is one autocommit statement: its COMMIT is that statement's end."""
         nonlocal armed
-        if not armed:
-            return real_commit(connection)
+        if not armed or not str(query).startswith("with updated"):
+            return real_execute(connection, query, *args, **kwargs)
         armed = False
         if when == "before":
-            terminate(connection)  # the COMMIT then goes to a dead backend
-            return real_commit(connection)
-        real_commit(connection)  # it landed; then the answer is lost with the connection
+            terminate(connection)  # the statement then goes to a dead backend
+            return real_execute(connection, query, *args, **kwargs)
+        real_execute(connection, query, *args, **kwargs)  # it committed; the answer is lost
         terminate(connection)
         connection.close()
         raise psycopg.OperationalError("server closed the connection unexpectedly")
 
-    monkeypatch.setattr(psycopg.Connection, "commit", commit)
+    monkeypatch.setattr(psycopg.Connection, "execute", execute)
     with pytest.raises(sessionlog.StorePoisonedError) as caught:
         store.commit([F.user_message("in doubt")])
     assert isinstance(caught.value.__cause__, sessionlog.CommitOutcomeUnknownError)
@@ -336,7 +337,7 @@ def test_a_connection_broken_at_commit_poisons_and_reopening_tells_the_truth(
     with pytest.raises(sessionlog.StorePoisonedError):
         store.commit([F.user_message("never retried")])
     store.close()
-    monkeypatch.setattr(psycopg.Connection, "commit", real_commit)
+    monkeypatch.setattr(psycopg.Connection, "execute", real_execute)
     with repo.open(session_id) as reopened:
         contents = [m["content"] for m in reopened.load().transcript]
     assert contents == (["kept", "in doubt"] if when == "after" else ["kept"])

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..core.async_store import AsyncSessionStore
-from ..core.errors import SessionChangedError
 from ..core.state import SessionState
 from ..opening import create_async, open_async
 from .base import AsyncRepositoryBase
@@ -226,20 +225,16 @@ class BatchWriter:
             self._write(batch)
 
     def _write(self, batch: list[_Batch]) -> None:
-        outcomes: list[tuple[SessionRows, concurrent.futures.Future[None], Any]] = []
         try:
             with self.repository.transaction(self.connection) as connection:
-                for rows, lines, future in batch:
-                    try:  # the summary row's update comes first: a fenced one changed nothing
-                        written: Any = rows.write(connection, lines)
-                    except SessionChangedError as error:
-                        written = error
-                    outcomes.append((rows, future, written))
+                outcomes = self.repository.write_batch(
+                    connection, [(rows, lines) for rows, lines, _ in batch]
+                )
         except BaseException as error:  # the transaction failed: none of it was committed
             for _, _, future in batch:
                 future.set_exception(error)
             return
-        for rows, future, written in outcomes:
+        for (rows, _, future), written in zip(batch, outcomes, strict=True):
             if isinstance(written, BaseException):
                 future.set_exception(written)
             else:

@@ -38,12 +38,13 @@ import errno
 import os
 import secrets
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 from ..core.errors import (
     CommitOutcomeUnknownError,
     DurabilityUnavailableError,
+    SessionChangedError,
     SessionExistsError,
     SessionLockedError,
     SessionPathError,
@@ -141,6 +142,14 @@ class PostgresRepository(SQLRepository):
         self.sql = statements("sessionlog.", "%s", _LIVE_WRITER)
         self.row_sql = {
             **self.sql,
+            # The fenced update and the insert in one statement: one round trip, and in autocommit
+            # its own transaction; it inserts nothing when the update matched no row (fenced).
+            "append": "with updated as (update sessionlog.sessions set head_line = %s, head_bytes = %s, "
+            "updated_at = %s, summary = %s, idle = %s, "
+            f"lease_expires_at = now() + {self.lease} "
+            "where session_id = %s and writer_epoch = %s and head_line = %s returning session_id) "
+            "insert into sessionlog.lines select updated.session_id, added.line_no, added.line "
+            "from updated, unnest(%s::integer[], %s::bytea[]) as added (line_no, line)",
             "update": self.sql["update"].replace(
                 " where ", f", lease_expires_at = now() + {self.lease} where ", 1
             ),
@@ -304,6 +313,46 @@ class PostgresRepository(SQLRepository):
         except psycopg.Error as error:
             raise SessionPathError(errno.EIO, f"{self.path}: COMMIT failed: {error}") from error
 
+    def commit_alone(self, rows: SessionRows, lines: Sequence[bytes]) -> None:
+        """One session's commit: its one `append` statement on an autocommit connection (its
+        own transaction, one round trip), else inside a transaction. A connection that breaks
+        meanwhile raises CommitOutcomeUnknownError: the statement may have committed."""
+        psycopg = self.psycopg
+        with self.pool.connection() as connection:
+            if not connection.autocommit:  # a pool the caller configured otherwise
+                with self.transaction(connection) as open_connection:
+                    written = rows.write(open_connection, lines)
+            else:
+                try:
+                    written = rows.write(connection, lines)
+                except psycopg.OperationalError as error:
+                    connection.close()  # broken: the pool discards it rather than lend it again
+                    raise CommitOutcomeUnknownError(
+                        f"{self.path}: the connection broke during the commit ({error}); it may or may "
+                        "not have landed: reopen the session to read which"
+                    ) from error
+                except psycopg.Error as error:
+                    raise SessionPathError(errno.EIO, f"{self.path}: {error}") from error
+        rows.advance(written)
+
+    def write_batch(self, connection: Any, batch: Sequence[tuple[SessionRows, Sequence[bytes]]]) -> list[Any]:
+        """Every session's `append` sent at once (a pipeline: one round trip for the batch);
+        the fenced ones inserted nothing and fail alone."""
+        prepared = [(rows, *rows.next(lines), lines) for rows, lines in batch]
+        with connection.pipeline():
+            cursors = [
+                connection.execute(self.row_sql["append"], rows.append_values(update, lines))
+                for rows, _, update, lines in prepared
+            ]
+        outcomes: list[Any] = []
+        for (rows, written, _, _), cursor in zip(prepared, cursors, strict=True):
+            try:
+                rows.check(cursor.rowcount)
+                outcomes.append(written)
+            except SessionChangedError as error:
+                outcomes.append(error)
+        return outcomes
+
     def read(self, session_id: str, connection: Any = None) -> bytes:
         """The session's lines joined by the server, in one binary value."""
         if connection is None:
@@ -394,9 +443,7 @@ class PostgresSession(SessionRows):
             self.cut(connection, length)
 
     def append(self, line: bytes) -> None:
-        with self.repository.transaction() as connection:
-            written = self.write(connection, (line,))
-        self.advance(written)
+        self.repository.commit_alone(self, (line,))
 
     def close(self) -> None:
         if self.epoch:

@@ -22,6 +22,8 @@ import orjson
 from ..core.errors import SessionChangedError
 from ..core.state import SessionState
 
+Written = tuple[int, int, dict[str, Any]]  # head line, head bytes, summary once written
+
 ROW_SQL = {
     "summary": "select summary from {s}sessions where session_id = ?",
     "update": "update {s}sessions set head_line = ?, head_bytes = ?, updated_at = ?, summary = ?, idle = ? "
@@ -55,36 +57,46 @@ class SessionRows:
         self.summary = orjson.loads(row[0])
         return data
 
-    def write(self, connection: Any, lines: Sequence[bytes]) -> tuple[int, int, dict[str, Any]]:
+    def write(self, connection: Any, lines: Sequence[bytes]) -> Written:
         """Update the summary row (only if this writer still holds the session at the head it
         knows) and insert `lines`; the new (head line, head bytes, summary), to `advance` to
-        once the transaction committed."""
-        summary = self.summary
-        for line in lines:
-            summary = summary_after(summary, line)
-        head_line, head_bytes = self.head_line + len(lines), self.head_bytes + sum(map(len, lines))
-        changed = connection.execute(
-            self.sql["update"],
-            (
-                head_line,
-                head_bytes,
-                time.time_ns() // 1_000_000,
-                orjson.dumps(summary).decode(),
-                summary["idle"],
-                self.session_id,
-                self.epoch,
-                self.head_line,
-            ),
-        ).rowcount
-        self.check(changed)
+        once the transaction committed. Where the database has one statement for both
+        (`append`), it is one round trip, and in autocommit its own transaction."""
+        written, update = self.next(lines)
+        if "append" in self.sql:
+            self.check(connection.execute(self.sql["append"], self.append_values(update, lines)).rowcount)
+            return written
+        self.check(connection.execute(self.sql["update"], update).rowcount)
         if len(lines) == 1:
-            connection.execute(self.sql["insert"], (self.session_id, head_line, lines[0]))
+            connection.execute(self.sql["insert"], (self.session_id, written[0], lines[0]))
         else:
             connection.cursor().executemany(
                 self.sql["insert"],
                 [(self.session_id, self.head_line + number, line) for number, line in enumerate(lines, 1)],
             )
-        return head_line, head_bytes, summary
+        return written
+
+    def next(self, lines: Sequence[bytes]) -> tuple[Written, tuple[Any, ...]]:
+        """Where the session stands once `lines` are written, and the summary row's update."""
+        summary = self.summary
+        for line in lines:
+            summary = summary_after(summary, line)
+        head_line, head_bytes = self.head_line + len(lines), self.head_bytes + sum(map(len, lines))
+        update = (
+            head_line,
+            head_bytes,
+            time.time_ns() // 1_000_000,
+            orjson.dumps(summary).decode(),
+            summary["idle"],
+            self.session_id,
+            self.epoch,
+            self.head_line,
+        )
+        return (head_line, head_bytes, summary), update
+
+    def append_values(self, update: tuple[Any, ...], lines: Sequence[bytes]) -> tuple[Any, ...]:
+        """The parameters of `append`: the update's, then the lines' numbers and bytes."""
+        return (*update, list(range(self.head_line + 1, self.head_line + 1 + len(lines))), list(lines))
 
     def cut(self, connection: Any, length: int) -> None:
         """Drop a torn tail: keep the first `length` bytes. Rows hold whole lines, each written
@@ -118,7 +130,7 @@ class SessionRows:
                 "(fenced); nothing was written"
             )
 
-    def advance(self, written: tuple[int, int, dict[str, Any]]) -> None:
+    def advance(self, written: Written) -> None:
         self.head_line, self.head_bytes, self.summary = written
 
     def release(self, connection: Any) -> None:

@@ -14,13 +14,13 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from ..core.errors import SessionExistsError, SessionLockedError, SessionNotFoundError
+from ..core.errors import SessionChangedError, SessionExistsError, SessionLockedError, SessionNotFoundError
 from ..core.ids import new_id
 from ..core.loading import reduce_bytes
 from ..core.reducer import is_uuid7
@@ -29,7 +29,7 @@ from ..core.store import BackendInfo, SessionStore
 from ..opening import _header
 from .base import RepositoryBase, checked_labels, fork_bytes
 from .info import Candidate, Filters, SessionInfo, page
-from .rows import ROW_SQL, summary_row
+from .rows import ROW_SQL, SessionRows, summary_row
 
 SQL = {
     **ROW_SQL,
@@ -99,6 +99,18 @@ class SQLRepository(RepositoryBase):
 
     def forget_hold(self, session_id: str, epoch: int) -> None:
         """This process no longer holds the session."""
+
+    def write_batch(self, connection: Any, batch: Sequence[tuple[SessionRows, Sequence[bytes]]]) -> list[Any]:
+        """Write the lines of several sessions inside the caller's transaction; for each, what
+        it wrote (to `advance` to once committed) or the SessionChangedError that fenced it
+        (having written nothing: its summary row's update comes first)."""
+        outcomes: list[Any] = []
+        for rows, lines in batch:
+            try:
+                outcomes.append(rows.write(connection, lines))
+            except SessionChangedError as error:
+                outcomes.append(error)
+        return outcomes
 
     def reading(self) -> Any:
         """A context manager giving a connection to read with."""
