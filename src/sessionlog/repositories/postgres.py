@@ -140,19 +140,19 @@ class PostgresRepository(SQLRepository):
         self.info, self.async_info = INFOS[durability], ASYNC_INFOS[durability]
         self.lease = f"interval '{float(lease_seconds)} seconds'"
         self.sql = statements("sessionlog.", "%s", _LIVE_WRITER)
+        # A commit is one statement: the fenced update and the insert, one round trip and, in
+        # autocommit, its own transaction; it inserts nothing when the update matched no row.
+        append = (
+            "with updated as (update sessionlog.sessions set head_line = %s, head_bytes = %s, "
+            f"updated_at = %s, summary = %s, idle = %s, lease_expires_at = now() + {self.lease} "
+            "where session_id = %s and writer_epoch = %s and head_line = %s returning session_id) "
+            "insert into sessionlog.lines select updated.session_id, "
+        )
         self.row_sql = {
             **self.sql,
-            # The fenced update and the insert in one statement: one round trip, and in autocommit
-            # its own transaction; it inserts nothing when the update matched no row (fenced).
-            "append": "with updated as (update sessionlog.sessions set head_line = %s, head_bytes = %s, "
-            "updated_at = %s, summary = %s, idle = %s, "
-            f"lease_expires_at = now() + {self.lease} "
-            "where session_id = %s and writer_epoch = %s and head_line = %s returning session_id) "
-            "insert into sessionlog.lines select updated.session_id, added.line_no, added.line "
-            "from updated, unnest(%s::integer[], %s::bytea[]) as added (line_no, line)",
-            "update": self.sql["update"].replace(
-                " where ", f", lease_expires_at = now() + {self.lease} where ", 1
-            ),
+            "append": append + "added.line_no, added.line from updated, "
+            "unnest(%s::integer[], %s::bytea[]) as added (line_no, line)",
+            "append_one": append + "%s::integer, %s::bytea from updated",  # no arrays to adapt
             "release": "update sessionlog.sessions set writer = null, lease_expires_at = null "
             "where session_id = %s and writer_epoch = %s",
         }
@@ -341,7 +341,10 @@ class PostgresRepository(SQLRepository):
         prepared = [(rows, *rows.next(lines), lines) for rows, lines in batch]
         with connection.pipeline():
             cursors = [
-                connection.execute(self.row_sql["append"], rows.append_values(update, lines))
+                connection.execute(
+                    self.row_sql["append_one" if len(lines) == 1 else "append"],
+                    rows.append_values(update, lines),
+                )
                 for rows, _, update, lines in prepared
             ]
         outcomes: list[Any] = []
@@ -354,20 +357,21 @@ class PostgresRepository(SQLRepository):
         return outcomes
 
     def read(self, session_id: str, connection: Any = None) -> bytes:
-        """The session's lines joined by the server, in one binary value."""
+        """The session's lines in key order, fetched in binary: the primary key's index scan
+        gives that order (the planner is told not to sort instead: a sort of a long session
+        can spill to disk), all of it sent in one pipeline."""
         if connection is None:
             with self.reading() as reader:
                 return self.read(session_id, reader)
-        (data,) = connection.execute(
-            "select string_agg(line, ''::bytea order by line_no) from sessionlog.lines where session_id = %s",
-            (self._id(session_id),),
-            binary=True,
-        ).fetchone()
-        if data is None:
-            if not connection.execute(self.sql["exists"], (session_id,)).fetchone():
-                raise self._missing(session_id)
-            return b""
-        return bytes(data)
+        session_id = self._id(session_id)
+        with connection.pipeline(), connection.transaction():
+            connection.execute("set local enable_sort = off")
+            lines = connection.execute(self.sql["lines"], (session_id,), binary=True)
+            exists = connection.execute(self.sql["exists"], (session_id,))
+        rows = lines.fetchall()
+        if not rows and not exists.fetchone():
+            raise self._missing(session_id)
+        return b"".join(row[0] for row in rows)
 
     # -- writers -----------------------------------------------------------------------------------
 

@@ -64,7 +64,8 @@ class SessionRows:
         (`append`), it is one round trip, and in autocommit its own transaction."""
         written, update = self.next(lines)
         if "append" in self.sql:
-            self.check(connection.execute(self.sql["append"], self.append_values(update, lines)).rowcount)
+            statement = self.sql["append_one" if len(lines) == 1 else "append"]
+            self.check(connection.execute(statement, self.append_values(update, lines)).rowcount)
             return written
         self.check(connection.execute(self.sql["update"], update).rowcount)
         if len(lines) == 1:
@@ -95,7 +96,10 @@ class SessionRows:
         return (head_line, head_bytes, summary), update
 
     def append_values(self, update: tuple[Any, ...], lines: Sequence[bytes]) -> tuple[Any, ...]:
-        """The parameters of `append`: the update's, then the lines' numbers and bytes."""
+        """The parameters of `append` (`append_one` for one line): the update's, then the lines'
+        numbers and bytes."""
+        if len(lines) == 1:
+            return (*update, self.head_line + 1, lines[0])
         return (*update, list(range(self.head_line + 1, self.head_line + 1 + len(lines))), list(lines))
 
     def cut(self, connection: Any, length: int) -> None:
