@@ -93,6 +93,8 @@ def _eventsourcing_one(url: str) -> Callable[[int], None]:
         "POSTGRES_USER": str(info["user"]),
         "POSTGRES_PASSWORD": str(info["password"]),
         "CREATE_TABLE": "y",
+        "POSTGRES_POOL_SIZE": "1",  # one connection an application: 64 of them fit the server
+        "POSTGRES_MAX_OVERFLOW": "0",
     }
     app: Application[Any] = Application(env=env)
     session = Session()

@@ -276,9 +276,10 @@ class SQLRepository(RepositoryBase):
             values.append("idle" in statuses)
         where = f"where {' and '.join(clauses)}" if clauses else ""
         query = self.sql["list"].replace("{where}", where.replace("?", self.placeholder))
-        with self.reading() as connection:
-            rows = connection.execute(query, values).fetchall()
-        return page(map(self._candidate, rows), wanted)
+        if wanted.limit is not None and not wanted.labels and statuses <= {"idle"}:
+            query += f" limit {int(wanted.limit)}"  # every filter is in SQL: a page is its rows
+        with self.reading() as connection:  # rows are made into infos only as the page needs
+            return page(map(self._candidate, connection.execute(query, values)), wanted)
 
     def _candidate(self, row: tuple[Any, ...]) -> Candidate:
         session_id, created, updated, lines, size, summary, labels, holder = row
