@@ -405,3 +405,24 @@ def test_a_store_whose_release_could_not_be_written_holds_nothing(tmp_path: Path
         assert store.load().session_id == session_id
         with pytest.raises(sessionlog.SessionLockedError):
             sessionlog.open(path, backend="sqlite")  # this one is held, by the store above
+
+
+def test_sqlite_in_a_read_only_directory_is_a_typed_error_and_creates_nothing(tmp_path: Path) -> None:
+    import subprocess as run
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a read-only filesystem needs root (permissions do not stop root)")
+    done = run.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        with pytest.raises(sessionlog.SessionPathError) as caught:
+            sessionlog.repository(f"sqlite:///{folder / 'sessions.db'}")
+        assert "sessions.db" in str(caught.value)
+        with pytest.raises(sessionlog.SessionPathError):
+            sessionlog.create(folder / "agent.db", backend="sqlite", **HEADER)
+        assert os.listdir(folder) == []
+    finally:
+        run.run(["umount", str(folder)], capture_output=True)
