@@ -160,6 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.add_argument("--json", action="store_true", help="as JSON")
 
+    commands.add_parser(
+        "bench",
+        help="which backend to choose, measured on this disk (sessionlog bench --help)",
+        add_help=False,
+    )
     sub = commands.add_parser(
         "convert",
         help="copy a session into another backend, every transaction unchanged",
@@ -208,9 +213,14 @@ def _message(error: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None) -> int:
     """Run the command line; return the exit status (0 ok, 1 the session is bad, 2 usage, 3 in use)."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["bench"]:  # the benchmark has its own options (`sessionlog bench --help`)
+        from ..bench import main as bench
+
+        return bench(arguments[1:])
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(arguments)
     except SystemExit as exit:  # --help, or a usage error argparse has reported
         return 0 if exit.code is None else exit.code if isinstance(exit.code, int) else 2
     registry = registry if registry is not None else default_registry()

@@ -1,0 +1,289 @@
+"""`sessionlog bench`: which backend to choose, measured on your own disk.
+
+    sessionlog bench [--dir PATH] [--backends a,b] [--postgres URL] [--quick | --full]
+                     [--json FILE] [--markdown FILE] [--plot FILE]
+
+Shapes: (a) one session, one committer, 1- and 10-fact transactions; (b) one session, 64
+committers (async stores); (c) N sessions at once, one writer each (N = 16, 64; 256 with
+`--full`); (d) loading a session by its length; (e) `list` and `unfinished` over 10,000
+sessions. Every registered backend (third-party ones too) and the repositories, each row beside
+its ceiling measured in the same run, interleaved (`measure`). It ends with a recommendation
+computed from the run: per durability class and shape, the fastest backend here and its p99.
+Scratch files go under `--dir` (default: the system's temporary directory) and are removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import sessionlog
+
+from . import shapes
+from .measure import Job, alternate, paired_ratio
+from .report import markdown, plot, recommend, text
+
+
+class Plan:
+    """How much to measure: `quick` (the default, about 2 minutes on 2 cores), `full`, or `tiny`
+    (a smoke test of every shape: numbers too small to mean anything)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.rounds = {"full": 5, "quick": 3, "tiny": 1}[mode]
+        self.sessions = {"full": (16, 64, 256), "quick": (16, 64), "tiny": (4,)}[mode]
+        self.loads = {"full": (1_000, 10_000, 100_000), "quick": (1_000, 10_000), "tiny": (200,)}[mode]
+        self.listed = 200 if mode == "tiny" else 10_000
+        self.scale = {"full": 3.0, "quick": 1.0, "tiny": 0.1}[mode]
+
+    def commits(self, durability: str, api: str, sessions: int = 1) -> int:
+        """Commits a session in one round: enough for a stable rate, little enough for 2 minutes."""
+        if sessions > 1:
+            base = 10 if durability != "process" else 30
+        else:
+            base = 60 if durability != "process" else (1000 if api == "sync" else 300)
+        return max(2, int(base * self.scale))
+
+
+def run(
+    directory: str | None = None,
+    backends: list[str] | None = None,
+    postgres: str | None = None,
+    mode: str = "quick",
+    progress: bool = True,
+) -> dict[str, Any]:
+    plan = Plan(mode)
+    infos = sessionlog.backends()
+    names = backends or list(infos)
+    for name in names:
+        infos[name]
+    scratch = shapes.Scratch(directory)
+    rows: list[dict[str, Any]] = []
+    started = time.monotonic()
+
+    def say(message: str) -> None:
+        if progress:
+            print(f"[{time.monotonic() - started:5.1f}s] {message}", file=sys.stderr, flush=True)
+
+    def measure(shape: str, jobs: dict[str, tuple[Job, dict[str, Any]]], ceilings: dict[str, Job]) -> None:
+        """Alternate every job with the ceilings of its class; one row each."""
+        everything = {**ceilings, **{name: job for name, (job, _) in jobs.items()}}
+        measured = alternate(everything, plan.rounds)
+        for name in ceilings:
+            rows.append({"shape": shape, "name": name, "kind": "ceiling", **measured[name].summary()})
+        for name, (_, meta) in jobs.items():
+            ceiling = meta.get("ceiling")
+            row = {
+                "shape": shape,
+                "name": name,
+                "kind": meta.get("kind", "backend"),
+                **meta,
+                **measured[name].summary(),
+            }
+            if ceiling in measured:
+                row["ceiling_per_s"] = measured[ceiling].summary()["per_s"]
+                row["vs_ceiling"] = paired_ratio(measured[name], measured[ceiling])
+            rows.append(row)
+
+    try:
+        # (a) one session, one committer
+        for facts in (1, 10):
+            say(f"one session, one committer, {facts}-fact transactions")
+            jobs = {}
+            for name in names:
+                info = infos[name]
+                commits = plan.commits(info.durability, info.api)
+                ceiling = "write+fdatasync" if info.durability != "process" else "os.write"
+                jobs[name] = (
+                    shapes.sessions_job(scratch, name, 1, commits, facts),
+                    {"durability": info.durability, "api": info.api, "ceiling": ceiling},
+                )
+            ceilings = {
+                "write+fdatasync": shapes.ceiling_job(scratch, 1, plan.commits("power", "sync"), sync=True),
+                "os.write": shapes.ceiling_job(scratch, 1, plan.commits("process", "sync"), sync=False),
+            }
+            measure(f"a: 1 session, 1 committer, {facts} fact{'s' if facts > 1 else ''}", jobs, ceilings)
+        # (b) one session, 64 committers
+        async_names = [name for name in names if infos[name].api == "async"]
+        if async_names:
+            say("one session, 64 committers")
+            jobs = {
+                name: (
+                    shapes.committers_job(
+                        scratch, name, 64, 10 if infos[name].durability != "process" else 30
+                    ),
+                    {
+                        "durability": infos[name].durability,
+                        "api": "async",
+                        "ceiling": "64 threads: write+fdatasync",
+                    },
+                )
+                for name in async_names
+            }
+            measure(
+                "b: 1 session, 64 committers",
+                jobs,
+                {
+                    "64 threads: write+fdatasync": shapes.ceiling_job(
+                        scratch, 64, plan.commits("power", "sync", 64), sync=True
+                    )
+                },
+            )
+        # (c) N sessions, one writer each
+        for sessions in plan.sessions:
+            say(f"{sessions} sessions, one writer each")
+            jobs = {}
+            for name in names:
+                info = infos[name]
+                jobs[name] = (
+                    shapes.sessions_job(
+                        scratch, name, sessions, plan.commits(info.durability, info.api, sessions)
+                    ),
+                    {
+                        "durability": info.durability,
+                        "api": info.api,
+                        "ceiling": f"{sessions} threads: "
+                        + ("write+fdatasync" if info.durability != "process" else "os.write"),
+                    },
+                )
+            for durability in ("power", "process"):
+                label = f"sqlite repository, async ({durability})"
+                jobs[label] = (
+                    shapes.repository_job(
+                        lambda: f"sqlite:///{scratch.fresh() / 'sessions.db'}",
+                        sessions,
+                        plan.commits(durability, "async", sessions),
+                        durability=durability,
+                    ),
+                    {
+                        "durability": durability,
+                        "api": "async",
+                        "kind": "repository",
+                        "ceiling": f"{sessions} threads: "
+                        + ("write+fdatasync" if durability == "power" else "os.write"),
+                    },
+                )
+            if postgres:
+                jobs["postgresql repository, async (power)"] = (
+                    shapes.repository_job(
+                        lambda: postgres, sessions, plan.commits("power", "async", sessions)
+                    ),
+                    {
+                        "durability": "power",
+                        "api": "async",
+                        "kind": "repository",
+                        "ceiling": f"{sessions} threads: write+fdatasync",
+                    },
+                )
+            ceilings = {
+                f"{sessions} threads: write+fdatasync": shapes.ceiling_job(
+                    scratch, sessions, plan.commits("power", "sync", sessions), sync=True
+                ),
+                f"{sessions} threads: os.write": shapes.ceiling_job(
+                    scratch, sessions, plan.commits("process", "sync", sessions), sync=False
+                ),
+            }
+            measure(f"c: {sessions} sessions, one writer each", jobs, ceilings)
+        # (d) loading
+        folder = scratch.fresh()
+        for facts in plan.loads:
+            say(f"loading a {facts:,}-fact session")
+            path = shapes.write_session(folder, facts)
+            measure(
+                f"d: load {facts:,} facts",
+                {
+                    "reduce (every backend's load)": (
+                        shapes.load_job(path),
+                        {"durability": "-", "ceiling": "split + orjson.loads", "unit": "facts/s"},
+                    )
+                },
+                {"split + orjson.loads": shapes.parse_ceiling_job(path)},
+            )
+        # (e) listing
+        say(f"list and unfinished over {plan.listed:,} sessions")
+        repos = {
+            "directory": sessionlog.repository(scratch.fresh(), backend="jsonl"),
+            "sqlite": sessionlog.repository(f"sqlite:///{scratch.fresh() / 'list.db'}", durability="process"),
+        }
+        if postgres:
+            repos["postgresql"] = sessionlog.repository(postgres)
+        try:
+            jobs = {}
+            for kind, repo in repos.items():
+                shapes.fill_repository(repo, plan.listed)
+                repo.list(limit=None)  # a directory builds its index once
+                for call in ("list", "unfinished"):
+                    jobs[f"{kind}: {call}"] = (
+                        shapes.listing_job(repo, call),
+                        {"durability": "-", "unit": "calls/s"},
+                    )
+            measure(f"e: list and unfinished over {plan.listed:,} sessions", jobs, {})
+        finally:
+            for repo in repos.values():
+                repo.close()
+    finally:
+        scratch.remove()
+    return {
+        "rows": rows,
+        "machine": machine(directory),
+        "mode": mode,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def machine(directory: str | None) -> dict[str, Any]:
+    import importlib.metadata
+    import sqlite3
+
+    where = directory or os.environ.get("TMPDIR", "/tmp")
+    filesystem = "?"
+    try:
+        best = ""
+        for line in Path("/proc/mounts").read_text().splitlines():
+            _, point, kind, *_ = line.split()
+            if Path(where).resolve().as_posix().startswith(point) and len(point) > len(best):
+                best, filesystem = point, f"{kind} on {point}"
+    except OSError:
+        pass
+    return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "sessionlog": importlib.metadata.version("sessionlog"),
+        "sqlite": sqlite3.sqlite_version,
+        "directory": where,
+        "filesystem": filesystem,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sessionlog bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--dir", help="the filesystem under test (scratch files go there, then go)")
+    parser.add_argument("--backends", help="comma-separated registered backends (default: all)")
+    parser.add_argument("--postgres", metavar="URL", help="a PostgreSQL database for its rows")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="the default: about 2 minutes")
+    size.add_argument("--full", action="store_true", help="more rounds, 256 sessions, 100k-fact loads")
+    parser.add_argument("--json", metavar="FILE", help="every row, as JSON")
+    parser.add_argument("--markdown", metavar="FILE", help="the tables and the recommendation")
+    parser.add_argument("--plot", metavar="FILE", help="a PNG: one panel per shape (needs matplotlib)")
+    args = parser.parse_args(argv)
+    mode = "full" if args.full else "quick"
+    result = run(args.dir, args.backends.split(",") if args.backends else None, args.postgres, mode)
+    result["recommendation"] = recommend(result["rows"])
+    print(text(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(result))
+    if args.plot:
+        plot(result, Path(args.plot))
+    return 0

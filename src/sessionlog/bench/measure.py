@@ -1,0 +1,75 @@
+"""Measuring rows honestly: alternate rounds, medians with min-max, each row's ceiling measured in
+the same run, interleaved with it.
+
+A *job* runs one round of one row and returns how many commits (or operations) it did, how long
+it took and the latency of each. `alternate` runs round 1 of every job, then round 2 of every
+job, and so on: a disk whose sync latency drifts over minutes drifts for every row alike. A row's
+throughput is the median of its rounds, with the slowest and fastest round beside it; its
+ceiling's is the median of the ceiling's rounds of the same run, and `vs ceiling` is the median
+over rounds of the row's round divided by the ceiling's round of the same round.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Job = Callable[[], tuple[int, float, list[float]]]  # -> (operations, seconds, latencies in s)
+
+
+@dataclass
+class Measured:
+    """The rounds of one row."""
+
+    rates: list[float] = field(default_factory=list)  # operations/s of each round
+    latencies: list[float] = field(default_factory=list)  # seconds, every operation of every round
+
+    def add(self, operations: int, seconds: float, latencies: list[float]) -> None:
+        self.rates.append(operations / seconds if seconds > 0 else 0.0)
+        self.latencies.extend(latencies)
+
+    def summary(self) -> dict[str, float]:
+        ordered = sorted(self.latencies)
+
+        def percentile(q: float) -> float:
+            return ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1e6 if ordered else 0.0
+
+        return {
+            "per_s": statistics.median(self.rates) if self.rates else 0.0,
+            "min_per_s": min(self.rates, default=0.0),
+            "max_per_s": max(self.rates, default=0.0),
+            "p50_us": percentile(0.50),
+            "p99_us": percentile(0.99),
+        }
+
+
+def alternate(jobs: Mapping[str, Job], rounds: int) -> dict[str, Measured]:
+    """Round r of every job before round r + 1 of any; a job that raises is dropped (its error
+    kept in `errors`)."""
+    measured = {name: Measured() for name in jobs}
+    for _ in range(rounds):
+        for name, job in jobs.items():
+            measured[name].add(*job())
+    return measured
+
+
+def paired_ratio(row: Measured, ceiling: Measured) -> float:
+    """The median, over rounds, of the row's rate over its ceiling's in the same round."""
+    pairs = [mine / theirs for mine, theirs in zip(row.rates, ceiling.rates, strict=False) if theirs > 0]
+    return statistics.median(pairs) if pairs else 0.0
+
+
+def timed(operations: int, operation: Callable[[int], Any]) -> tuple[int, float, list[float]]:
+    """Run `operation(i)` for i in range(operations), each timed."""
+    import time
+
+    clock = time.perf_counter
+    latencies = []
+    start = clock()
+    for index in range(operations):
+        began = clock()
+        operation(index)
+        latencies.append(clock() - began)
+    return operations, clock() - start, latencies

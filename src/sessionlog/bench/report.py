@@ -1,0 +1,194 @@
+"""What a run prints: a table per shape, every row beside the ceiling measured with it, the
+recommendation computed from the rows, the same as Markdown, and the plot."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+CLASSES = ("process", "power", "replicated")
+ABOVE = {
+    "b": "commits queued at once share one write and one sync (group commit), which the ceiling "
+    "(one sync per line) does not",
+    "c": "a repository puts the commits of many sessions in one transaction (one sync), and ext4 "
+    "merges concurrent syncs of different files",
+}
+
+
+def _rate(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+
+
+def _shapes(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    grouped: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        grouped[row["shape"]].append(row)
+    return grouped
+
+
+def _why_above(row: dict[str, Any]) -> str:
+    if row.get("vs_ceiling", 0) <= 1.0:
+        return ""
+    return ABOVE.get(row["shape"][0], "measured in the same rounds; the ceiling's rounds were slower")
+
+
+def table(shape: str, rows: list[dict[str, Any]]) -> list[list[str]]:
+    """Header and cells of one shape's table: ceilings first, then rows fastest first."""
+    unit = next((row.get("unit") for row in rows if row.get("unit")), "commits/s")
+    cells = [
+        [
+            "row",
+            "class",
+            f"{unit} median (min-max)",
+            "p50 us",
+            "p99 us",
+            "its ceiling, same run",
+            "vs ceiling",
+        ]
+    ]
+    ordered = sorted(rows, key=lambda row: (row["kind"] != "ceiling", -row["per_s"]))
+    for row in ordered:
+        ratio = f"{row['vs_ceiling']:.2f}x" if "vs_ceiling" in row else ""
+        if _why_above(row):
+            ratio += " (above: see note)"
+        ceiling = f"{row['ceiling']} {_rate(row['ceiling_per_s'])}" if "ceiling_per_s" in row else ""
+        cells.append(
+            [
+                ("ceiling: " if row["kind"] == "ceiling" else "") + row["name"],
+                row.get("durability", "-") if row["kind"] != "ceiling" else "-",
+                f"{_rate(row['per_s'])} ({_rate(row['min_per_s'])}-{_rate(row['max_per_s'])})",
+                f"{row['p50_us']:,.0f}",
+                f"{row['p99_us']:,.0f}",
+                ceiling,
+                ratio,
+            ]
+        )
+    return cells
+
+
+def _notes(rows: list[dict[str, Any]]) -> list[str]:
+    return [
+        f"  note: {row['name']} is above its ceiling: {_why_above(row)}" for row in rows if _why_above(row)
+    ]
+
+
+def recommend(rows: list[dict[str, Any]]) -> list[str]:
+    """Per shape and durability class, the fastest backend or repository of this run."""
+    advice = []
+    for shape, members in _shapes(rows).items():
+        if shape[0] not in "abc":
+            continue
+        for durability in CLASSES:
+            candidates = [
+                row for row in members if row["kind"] != "ceiling" and row.get("durability") == durability
+            ]
+            if not candidates:
+                continue
+            best = max(candidates, key=lambda row: row["per_s"])
+            advice.append(
+                f"{shape}, {durability} class: {best['name']} ({_rate(best['per_s'])} commits/s, "
+                f"p99 {best['p99_us'] / 1000:,.1f} ms)"
+            )
+    return advice
+
+
+def text(result: dict[str, Any]) -> str:
+    machine = result["machine"]
+    out = [
+        f"sessionlog bench ({result['mode']}, {result['seconds']} s): {machine['date']}, "
+        f"{machine['platform']}, "
+        f"{machine['cpus']} CPUs, Python {machine['python']}, sessionlog {machine['sessionlog']}, "
+        f"SQLite {machine['sqlite']}; scratch in {machine['directory']} ({machine['filesystem']})",
+        "Throughput is the median over alternating rounds, min-max beside it; each row's ceiling was "
+        "measured in the same rounds, and 'vs ceiling' is the median of the per-round ratios.",
+    ]
+    for shape, members in _shapes(result["rows"]).items():
+        cells = table(shape, members)
+        widths = [max(len(row[column]) for row in cells) for column in range(len(cells[0]))]
+        out += ["", shape]
+        for cell_row in cells:
+            out.append(
+                "  "
+                + "  ".join(cell.ljust(width) for cell, width in zip(cell_row, widths, strict=True)).rstrip()
+            )
+        out += _notes(members)
+    out += ["", "Recommendation (computed from this run: the fastest here, and its p99):"]
+    out += [f"  * {line}" for line in result.get("recommendation") or recommend(result["rows"])]
+    return "\n".join(out)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    machine = result["machine"]
+    out = [
+        "# sessionlog bench",
+        "",
+        f"{machine['date']}; {machine['platform']}, {machine['cpus']} CPUs; Python {machine['python']}, "
+        f"sessionlog {machine['sessionlog']}, SQLite {machine['sqlite']}; {machine['filesystem']}; "
+        f"{result['mode']} mode, {result['seconds']} s.",
+    ]
+    for shape, members in _shapes(result["rows"]).items():
+        cells = table(shape, members)
+        out += ["", f"## {shape}", "", "| " + " | ".join(cells[0]) + " |", "|" + " --- |" * len(cells[0])]
+        out += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in cells[1:]]
+        out += [line.strip() for line in _notes(members)]
+    out += ["", "## Recommendation", ""] + [f"* {line}" for line in result.get("recommendation") or []]
+    return "\n".join(out) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """One panel per shape; bars grouped by durability class, each class's ceiling a dashed line
+    over its own group."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = [shape for shape in _shapes(result["rows"]) if shape[0] in "abc"]
+    figure, axes = plt.subplots(len(shapes), 1, figsize=(11, 3.2 * len(shapes)), squeeze=False)
+    colours = {"process": "#4c78a8", "power": "#f58518", "replicated": "#54a24b"}
+    for axis, shape in zip(axes[:, 0], shapes, strict=True):
+        members = _shapes(result["rows"])[shape]
+        position, ticks, labels = 0.0, [], []
+        for durability in CLASSES:
+            group = sorted(
+                (row for row in members if row["kind"] != "ceiling" and row.get("durability") == durability),
+                key=lambda row: -row["per_s"],
+            )
+            if not group:
+                continue
+            start = position
+            for row in group:
+                axis.bar(position, row["per_s"], color=colours[durability], width=0.8)
+                axis.errorbar(
+                    position,
+                    row["per_s"],
+                    yerr=[[row["per_s"] - row["min_per_s"]], [row["max_per_s"] - row["per_s"]]],
+                    color="black",
+                    capsize=2,
+                    linewidth=0.8,
+                )
+                ticks.append(position)
+                labels.append(row["name"])
+                position += 1
+            ceilings = {row.get("ceiling_per_s") for row in group if row.get("ceiling_per_s")}
+            for value in ceilings:
+                axis.hlines(
+                    value, start - 0.45, position - 0.55, colors="black", linestyles="dashed", linewidth=1
+                )
+            axis.text(
+                (start + position - 1) / 2,
+                axis.get_ylim()[1],
+                durability,
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
+            position += 0.8
+        axis.set_yscale("log")
+        axis.set_title(shape + " (dashed: the class's ceiling, same run)", fontsize=9)
+        axis.set_ylabel("commits/s")
+        axis.set_xticks(ticks, labels, rotation=25, ha="right", fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

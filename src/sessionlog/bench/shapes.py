@@ -1,0 +1,274 @@
+"""The workloads, each as a job of `measure`: one round of one row.
+
+* `sessions_job`: N sessions, one writer each (threads for sync stores, tasks for async ones);
+  N = 1 is one session with one committer. `facts` facts a transaction.
+* `committers_job`: one session, many asyncio tasks committing at once (async stores).
+* `ceiling_job`: what the machine allows for the same shape: N threads each appending 500-byte
+  lines to a file of its own, with `fdatasync` after each (power) or without (process).
+* `repository_job`: N sessions of one repository (a SQLite file, a PostgreSQL database) through
+  its async twin, whose writer thread puts the commits queued meanwhile in one transaction.
+* `load_job`, `listing_job`: reading a session back; `list` and `unfinished` over many sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import sessionlog
+from sessionlog.core import facts as F
+
+from .measure import Job, timed
+
+HEADER: dict[str, Any] = {"provider": "bench", "model": "bench", "cwd": "/bench"}
+TEXT = "x" * 380  # a user message of this makes a ~500-byte line
+
+
+def transaction(index: int, facts: int) -> list[dict[str, Any]]:
+    return [F.user_message(f"{index}:{part} {TEXT}") for part in range(facts)]
+
+
+class Scratch:
+    """A directory under the filesystem under test, removed at the end of the run."""
+
+    def __init__(self, parent: str | None) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="sessionlog-bench-", dir=parent))
+        self._count = 0
+
+    def fresh(self) -> Path:
+        self._count += 1
+        folder = self.root / str(self._count)
+        folder.mkdir()
+        return folder
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _in_threads(sessions: int, commits: int, commit: Any) -> tuple[int, float, list[float]]:
+    """`commit(session, index)` from one thread a session, started together."""
+    start_line = threading.Barrier(sessions + 1)
+    latencies: list[list[float]] = [[] for _ in range(sessions)]
+
+    def run(session: int) -> None:
+        start_line.wait()
+        latencies[session] = timed(commits, lambda index: commit(session, index))[2]
+
+    threads = [threading.Thread(target=run, args=(session,)) for session in range(sessions)]
+    for thread in threads:
+        thread.start()
+    start_line.wait()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    return sessions * commits, time.perf_counter() - start, [value for mine in latencies for value in mine]
+
+
+async def _in_tasks(sessions: int, commits: int, commit: Any) -> tuple[int, float, list[float]]:
+    """`await commit(session, index)` from one task a session."""
+    clock = time.perf_counter
+    latencies: list[float] = []
+
+    async def run(session: int) -> None:
+        for index in range(commits):
+            began = clock()
+            await commit(session, index)
+            latencies.append(clock() - began)
+
+    start = clock()
+    await asyncio.gather(*(run(session) for session in range(sessions)))
+    return sessions * commits, clock() - start, latencies
+
+
+def _sized_loop(workers: int) -> asyncio.AbstractEventLoop:
+    """An event loop whose default executor has a thread for each of `workers` (asyncio's own has
+    min(32, cpus + 4), which caps many fsyncing sessions at a fraction of what threads reach)."""
+    loop = asyncio.new_event_loop()
+    loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max(4, workers)))
+    return loop
+
+
+def sessions_job(scratch: Scratch, backend: str, sessions: int, commits: int, facts: int = 1) -> Job:
+    info = sessionlog.backends()[backend]
+
+    def run() -> tuple[int, float, list[float]]:
+        folder = scratch.fresh()
+        paths = [folder / f"{number}.session" for number in range(sessions)]
+        try:
+            if info.api == "sync":
+                stores = [sessionlog.create(path, backend, **HEADER) for path in paths]
+                try:
+                    if sessions == 1:
+                        return timed(commits, lambda index: stores[0].commit(transaction(index, facts)))
+                    return _in_threads(
+                        sessions,
+                        commits,
+                        lambda session, index: stores[session].commit(transaction(index, facts)),
+                    )
+                finally:
+                    for store in stores:
+                        store.close()
+
+            async def main() -> tuple[int, float, list[float]]:
+                stores = [await sessionlog.create_async(path, backend, **HEADER) for path in paths]
+                try:
+                    return await _in_tasks(
+                        sessions,
+                        commits,
+                        lambda session, index: stores[session].commit(transaction(index, facts)),
+                    )
+                finally:
+                    for store in stores:
+                        await store.close()
+
+            loop = _sized_loop(sessions)
+            try:
+                return loop.run_until_complete(main())
+            finally:
+                loop.close()
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    return run
+
+
+def committers_job(scratch: Scratch, backend: str, committers: int, commits: int) -> Job:
+    """One session of an async backend, `committers` tasks committing at once."""
+
+    def run() -> tuple[int, float, list[float]]:
+        folder = scratch.fresh()
+
+        async def main() -> tuple[int, float, list[float]]:
+            store = await sessionlog.create_async(folder / "one.session", backend, **HEADER)
+            try:
+                return await _in_tasks(
+                    committers, commits, lambda task, index: store.commit(transaction(index, 1))
+                )
+            finally:
+                await store.close()
+
+        loop = _sized_loop(4)
+        try:
+            return loop.run_until_complete(main())
+        finally:
+            loop.close()
+            shutil.rmtree(folder, ignore_errors=True)
+
+    return run
+
+
+def ceiling_job(scratch: Scratch, sessions: int, commits: int, sync: bool) -> Job:
+    """N threads each writing 500-byte lines to its own file (and fdatasync after each)."""
+    line = b"x" * 499 + b"\n"
+
+    def run() -> tuple[int, float, list[float]]:
+        folder = scratch.fresh()
+        fds = [
+            os.open(folder / f"{number}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            for number in range(sessions)
+        ]
+
+        def write(session: int, index: int) -> None:
+            os.write(fds[session], line)
+            if sync:
+                os.fdatasync(fds[session])
+
+        try:
+            if sessions == 1:
+                return timed(commits, lambda index: write(0, index))
+            return _in_threads(sessions, commits, write)
+        finally:
+            for fd in fds:
+                os.close(fd)
+            shutil.rmtree(folder, ignore_errors=True)
+
+    return run
+
+
+def repository_job(location: Any, sessions: int, commits: int, **options: Any) -> Job:
+    """N sessions of the repository `location()` gives (a fresh one a round), one task each."""
+
+    def run() -> tuple[int, float, list[float]]:
+        async def main() -> tuple[int, float, list[float]]:
+            repo = await sessionlog.repository_async(location(), **options)
+            stores = [await repo.create(**HEADER) for _ in range(sessions)]
+            try:
+                return await _in_tasks(
+                    sessions, commits, lambda session, index: stores[session].commit(transaction(index, 1))
+                )
+            finally:
+                for store in stores:
+                    await store.close()
+                await repo.close()
+
+        return asyncio.run(main())
+
+    return run
+
+
+def load_job(path: Path, backend: str = "jsonl") -> Job:
+    """Open the session at `path` and reduce it (read-only: the bytes, then the reducer)."""
+
+    def run() -> tuple[int, float, list[float]]:
+        start = time.perf_counter()
+        state = sessionlog.reduce_bytes(path.read_bytes())
+        elapsed = time.perf_counter() - start
+        return state.last_seq, elapsed, [elapsed]
+
+    return run
+
+
+def parse_ceiling_job(path: Path) -> Job:
+    """What any reader pays at least: split the lines and parse each with orjson."""
+    import orjson
+
+    def run() -> tuple[int, float, list[float]]:
+        start = time.perf_counter()
+        count = 0
+        for line in path.read_bytes().split(b"\n"):
+            if line:
+                value = orjson.loads(line)
+                count += len(value) if type(value) is list else 1
+        elapsed = time.perf_counter() - start
+        return count, elapsed, [elapsed]
+
+    return run
+
+
+def write_session(folder: Path, facts: int, compactions: int = 0) -> Path:
+    """A finished session of `facts` user-message facts (process class: made fast)."""
+    path = folder / f"load-{facts}-{compactions}.jsonl"
+    with sessionlog.create(path, "jsonl", **HEADER) as store:
+        for index in range(facts):
+            store.commit(transaction(index, 1))
+    return path
+
+
+def listing_job(repo: Any, call: str) -> Job:
+    """One `list(limit=100)` or `unfinished()` of `repo`."""
+
+    def run() -> tuple[int, float, list[float]]:
+        start = time.perf_counter()
+        repo.list(limit=100) if call == "list" else repo.unfinished()
+        elapsed = time.perf_counter() - start
+        return 1, elapsed, [elapsed]
+
+    return run
+
+
+def fill_repository(repo: Any, sessions: int) -> None:
+    """`sessions` sessions, one in ten left with an unfinished run."""
+    for number in range(sessions):
+        if hasattr(repo, "create_row") and number % 10:
+            repo.create_row(**HEADER)
+            continue
+        with repo.create(**HEADER) as store:
+            if number % 10 == 0:
+                store.commit(F.accept_prompt(f"task {number}"))

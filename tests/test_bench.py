@@ -1,0 +1,62 @@
+"""`sessionlog bench`: a smoke run of every shape (numbers too small to mean anything: timing is
+the benchmark's business, not a test's), its outputs, and that it leaves no scratch files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sessionlog
+from sessionlog.bench import report
+from sessionlog.bench import run as bench_run
+
+
+def test_every_shape_runs_and_every_row_names_its_ceiling(tmp_path: Path) -> None:
+    result = bench_run(str(tmp_path), None, None, "tiny", progress=False)
+    shapes = {row["shape"][0] for row in result["rows"]}
+    assert shapes == {"a", "b", "c", "d", "e"}
+    names = {row["name"] for row in result["rows"]}
+    assert set(sessionlog.backends()) <= names  # every registered backend has rows
+    for row in result["rows"]:
+        assert row["per_s"] > 0 and row["min_per_s"] <= row["per_s"] <= row["max_per_s"]
+        if row["kind"] != "ceiling" and row["shape"][0] in "abc":
+            assert row["vs_ceiling"] > 0 and row["ceiling_per_s"] > 0, row
+    assert list(tmp_path.iterdir()) == []  # no scratch left
+    advice = report.recommend(result["rows"])
+    assert any("power class" in line for line in advice) and any("process class" in line for line in advice)
+    result["recommendation"] = advice
+    text = report.text(result)
+    assert "Recommendation" in text and "issue" not in text.lower() and "target" not in text.lower()
+    assert "| row |" in report.markdown(result)
+
+
+def test_the_command_line_writes_json_markdown_and_a_plot(tmp_path: Path, monkeypatch: Any, cli: Any) -> None:
+    pytest.importorskip("matplotlib", reason="the plot needs matplotlib (the bench extra)")
+    import sessionlog.bench as bench
+
+    real = bench.run
+    monkeypatch.setattr(
+        bench, "run", lambda *args: real(args[0], ["jsonl", "jsonl-group"], None, "tiny", False)
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    run = cli(
+        "bench",
+        "--dir",
+        str(tmp_path),
+        "--json",
+        out / "r.json",
+        "--markdown",
+        out / "r.md",
+        "--plot",
+        out / "r.png",
+    )
+    assert run.code == 0, run.err
+    assert "Recommendation" in run.out
+    assert json.loads((out / "r.json").read_text())["rows"]
+    assert (out / "r.md").read_text().startswith("# sessionlog bench")
+    assert (out / "r.png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]
