@@ -105,6 +105,16 @@ def run(
                     shapes.sessions_job(scratch, name, 1, commits, facts),
                     {"durability": info.durability, "api": info.api, "ceiling": ceiling},
                 )
+            for synchronous, durability in (("full", "power"), ("normal", "process")):
+                jobs[f"peer: sqlite3 WAL synchronous={synchronous.upper()}"] = (
+                    shapes.sqlite3_job(scratch, synchronous, 1, plan.commits(durability, "sync")),
+                    {
+                        "durability": durability,
+                        "api": "sync",
+                        "kind": "peer",
+                        "ceiling": _ceiling(durability, 1),
+                    },
+                )
             ceilings = {
                 "write+fdatasync": shapes.ceiling_job(scratch, 1, plan.commits("power", "sync"), sync=True),
                 "os.write": shapes.ceiling_job(scratch, 1, plan.commits("process", "sync"), sync=False),
@@ -168,6 +178,18 @@ def run(
                         "kind": "repository",
                         "ceiling": f"{sessions} threads: "
                         + ("write+fdatasync" if durability == "power" else "os.write"),
+                    },
+                )
+            for synchronous, durability in (("full", "power"), ("normal", "process")):
+                jobs[f"peer: sqlite3 WAL synchronous={synchronous.upper()}, a connection per session"] = (
+                    shapes.sqlite3_job(
+                        scratch, synchronous, sessions, plan.commits(durability, "sync", sessions)
+                    ),
+                    {
+                        "durability": durability,
+                        "api": "sync",
+                        "kind": "peer",
+                        "ceiling": _ceiling(durability, sessions),
                     },
                 )
             if postgres:
@@ -236,6 +258,12 @@ def run(
         "mode": mode,
         "seconds": round(time.monotonic() - started, 1),
     }
+
+
+def _ceiling(durability: str, sessions: int) -> str:
+    """The name of the ceiling a row of `durability` with `sessions` writers is measured against."""
+    kind = "os.write" if durability == "process" else "write+fdatasync"
+    return kind if sessions == 1 else f"{sessions} threads: {kind}"
 
 
 def machine(directory: str | None) -> dict[str, Any]:

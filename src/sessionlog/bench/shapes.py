@@ -272,3 +272,44 @@ def fill_repository(repo: Any, sessions: int) -> None:
         with repo.create(**HEADER) as store:
             if number % 10 == 0:
                 store.commit(F.accept_prompt(f"task {number}"))
+
+
+def sqlite3_job(scratch: Scratch, synchronous: str, sessions: int, commits: int) -> Job:
+    """The stdlib peer: SQLite in WAL mode, one `INSERT` + `COMMIT` of a ~500-byte row per
+    commit, one connection a session (thread), all in one database file."""
+    import sqlite3
+
+    line = b"x" * 499 + b"\n"
+
+    def run() -> tuple[int, float, list[float]]:
+        folder = scratch.fresh()
+        path = folder / "peer.db"
+        with sqlite3.connect(path) as setup:
+            setup.execute("pragma journal_mode=wal")
+            setup.execute(
+                "create table lines (session integer, line_no integer, line blob, "
+                "primary key (session, line_no))"
+            )
+        connections = [
+            sqlite3.connect(path, isolation_level=None, timeout=60, check_same_thread=False)
+            for _ in range(sessions)
+        ]
+        for connection in connections:
+            connection.execute(f"pragma synchronous={synchronous}")
+
+        def commit(session: int, index: int) -> None:
+            connection = connections[session]
+            connection.execute("begin immediate")
+            connection.execute("insert into lines values (?, ?, ?)", (session, index, line))
+            connection.execute("commit")
+
+        try:
+            if sessions == 1:
+                return timed(commits, lambda index: commit(0, index))
+            return _in_threads(sessions, commits, commit)
+        finally:
+            for connection in connections:
+                connection.close()
+            shutil.rmtree(folder, ignore_errors=True)
+
+    return run
