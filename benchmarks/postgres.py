@@ -23,12 +23,12 @@ import argparse
 import asyncio
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import sessionlog
+from sessionlog.bench.shapes import in_threads
 from sessionlog.core import facts as F
 from sessionlog.testing.postgres import PostgresServer
 
@@ -141,21 +141,8 @@ def one_session(url: str, durability: str, commits: int, rounds: int) -> dict[st
 
 def _threads(make: Callable[[], Callable[[int], None]], sessions: int, commits: int) -> float:
     committers = [make() for _ in range(sessions)]
-    start_line = threading.Barrier(sessions + 1)
-
-    def run(commit: Callable[[int], None]) -> None:
-        start_line.wait()
-        for index in range(commits):
-            commit(index)
-
-    threads = [threading.Thread(target=run, args=(commit,)) for commit in committers]
-    for thread in threads:
-        thread.start()
-    start_line.wait()
-    start = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    return sessions * commits / (time.perf_counter() - start)
+    done, seconds, _ = in_threads(sessions, commits, lambda session, index: committers[session](index))
+    return done / seconds
 
 
 def _sessionlog_async(url: str, durability: str, sessions: int, commits: int) -> float:

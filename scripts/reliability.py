@@ -351,32 +351,30 @@ def fuzzing(per_kind: int, hypothesis_rounds: int) -> tuple[Table, bool]:
     return rows, not problems and failure is None
 
 
-def hostile() -> tuple[Table, bool]:
+def _pytest(label: str, test_file: str, *options: str) -> tuple[str, bool, str]:
+    """Run one test file of tests/ with pytest: how many passed, whether all did, its last line."""
     started = time.monotonic()
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            str(ROOT / "tests" / "test_hostile.py"),
-            "-p",
-            "no:cacheprovider",
-        ],
+        [sys.executable, "-m", "pytest", str(ROOT / "tests" / test_file), "-p", "no:cacheprovider", *options],
         capture_output=True,
         text=True,
         cwd=ROOT,
         check=False,
     )
-    print(f"hostile input ... {time.monotonic() - started:.1f}s", flush=True)
+    print(f"{label} ... {time.monotonic() - started:.1f}s", flush=True)
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr.strip()[-200:]
     passed = re.search(r"(\d+) passed", done.stdout)
-    ok = done.returncode == 0
+    return (passed.group(1) if passed else "?"), done.returncode == 0, summary
+
+
+def hostile() -> tuple[Table, bool]:
+    passed, ok, summary = _pytest("hostile input", "test_hostile.py")
     return [
         Row(
             "hostile input (line > max, deep nesting, symlinks)",
             "all",
             "-",
-            f"{passed.group(1) if passed else '?'} checks",
+            f"{passed} checks",
             "-",
             "pass" if ok else f"FAIL: {summary}",
         )
@@ -431,57 +429,24 @@ def postgres(kills: int) -> tuple[Table, bool]:
             report,
             f"{report.kills} server kills ({report.acknowledged} acknowledged commits)",
         )
-    acknowledged, failures = 0, []
-    for _ in range(3):
-        with PostgresServer.start() as primary:
-            standby = primary.standby()
-            standby_url = primary.url.replace(f":{primary.port}/", f":{standby.port}/")
+    from sessionlog.testing.postgres import run_failovers
 
-            def failover(
-                child: Any, primary: Any = primary, standby: Any = standby, url: str = standby_url
-            ) -> str:
-                primary.kill()
-                child.wait(timeout=60)
-                standby.promote()
-                return url
-
-            report = _timed(
-                "failover",
-                lambda failover=failover, primary=primary: run_repository_kills(
-                    primary.url, 1, max_wait=0.3, options={"durability": "replicated"}, crash=failover
-                ),
-            )
-            acknowledged += report.acknowledged
-            failures += report.failures
-            report.acknowledged = acknowledged
-            report.failures = failures
+    report = _timed("failovers", lambda: run_failovers(3))
     row(
         "kill -9 of the primary mid-commit, promote its synchronous standby",
         "replicated",
         report,
-        f"3 failovers ({acknowledged} acknowledged commits, read on the promoted standbys)",
+        f"{report.kills} failovers ({report.acknowledged} acknowledged commits, read on the promoted "
+        "standbys)",
     )
-    started = time.monotonic()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            str(ROOT / "tests" / "test_postgres.py"),
-            "-p",
-            "no:cacheprovider",
-            "-k",
-            "connection_broken or two_writers or bad_credentials or foreign_table or recovery_workers "
-            "or lease_expires or migrate or many_workers",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=False,
+    passed, good, summary = _pytest(
+        "PostgreSQL fault tests",
+        "test_postgres.py",
+        "-k",
+        "connection_broken or two_writers or bad_credentials or foreign_table or recovery_workers "
+        "or lease_expires or migrate or many_workers",
     )
-    print(f"PostgreSQL fault tests ... {time.monotonic() - started:.1f}s", flush=True)
-    passed = re.search(r"(\d+) passed", done.stdout)
-    ok = ok and done.returncode == 0
+    ok = ok and good
     rows.append(
         Row(
             "PostgreSQL faults: connection terminated before and after COMMIT (poisoned, reopening tells "
@@ -490,9 +455,9 @@ def postgres(kills: int) -> tuple[Table, bool]:
             "a foreign table (untouched)",
             "postgres",
             "power",
-            f"{passed.group(1) if passed else '?'} checks",
-            "0" if done.returncode == 0 else "see result",
-            "pass" if done.returncode == 0 else "FAIL: " + done.stdout.strip()[-200:],
+            f"{passed} checks",
+            "0" if good else "see result",
+            "pass" if good else f"FAIL: {summary}",
         )
     )
     return rows, ok

@@ -52,8 +52,11 @@ class Scratch:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _in_threads(sessions: int, commits: int, commit: Any) -> tuple[int, float, list[float]]:
-    """`commit(session, index)` from one thread a session, started together."""
+def in_threads(sessions: int, commits: int, commit: Any) -> tuple[int, float, list[float]]:
+    """`commit(session, index)` from one thread a session, started together (one session: in
+    this thread)."""
+    if sessions == 1:
+        return timed(commits, lambda index: commit(0, index))
     start_line = threading.Barrier(sessions + 1)
     latencies: list[list[float]] = [[] for _ in range(sessions)]
 
@@ -105,9 +108,7 @@ def sessions_job(scratch: Scratch, backend: str, sessions: int, commits: int, fa
             if info.api == "sync":
                 stores = [sessionlog.create(path, backend, **HEADER) for path in paths]
                 try:
-                    if sessions == 1:
-                        return timed(commits, lambda index: stores[0].commit(transaction(index, facts)))
-                    return _in_threads(
+                    return in_threads(
                         sessions,
                         commits,
                         lambda session, index: stores[session].commit(transaction(index, facts)),
@@ -181,9 +182,7 @@ def ceiling_job(scratch: Scratch, sessions: int, commits: int, sync: bool) -> Jo
                 os.fdatasync(fds[session])
 
         try:
-            if sessions == 1:
-                return timed(commits, lambda index: write(0, index))
-            return _in_threads(sessions, commits, write)
+            return in_threads(sessions, commits, write)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -304,9 +303,7 @@ def sqlite3_job(scratch: Scratch, synchronous: str, sessions: int, commits: int)
             connection.execute("commit")
 
         try:
-            if sessions == 1:
-                return timed(commits, lambda index: commit(0, index))
-            return _in_threads(sessions, commits, commit)
+            return in_threads(sessions, commits, commit)
         finally:
             for connection in connections:
                 connection.close()

@@ -302,37 +302,35 @@ class PostgresRepository(SQLRepository):
             if isinstance(error, psycopg.Error):
                 raise SessionPathError(errno.EIO, f"{self.path}: {error}") from error
             raise
-        try:
+        with self._committing(connection, "COMMIT"):
             connection.commit()
-        except psycopg.OperationalError as error:
-            connection.close()  # broken: a pool discards it rather than lend it again
+
+    @contextlib.contextmanager
+    def _committing(self, connection: Any, what: str) -> Iterator[None]:
+        """The step that commits: a connection that breaks in it leaves the outcome unknown
+        (CommitOutcomeUnknownError, and the connection closed, so a pool discards it rather
+        than lend it again); any other database error is typed."""
+        try:
+            yield
+        except self.psycopg.OperationalError as error:
+            connection.close()
             raise CommitOutcomeUnknownError(
-                f"{self.path}: the connection broke during COMMIT ({error}); the commit may or may not "
+                f"{self.path}: the connection broke during {what} ({error}); the commit may or may not "
                 "have landed: reopen the session to read which"
             ) from error
-        except psycopg.Error as error:
-            raise SessionPathError(errno.EIO, f"{self.path}: COMMIT failed: {error}") from error
+        except self.psycopg.Error as error:
+            raise SessionPathError(errno.EIO, f"{self.path}: {what} failed: {error}") from error
 
     def commit_alone(self, rows: SessionRows, lines: Sequence[bytes]) -> None:
         """One session's commit: its one `append` statement on an autocommit connection (its
-        own transaction, one round trip), else inside a transaction. A connection that breaks
-        meanwhile raises CommitOutcomeUnknownError: the statement may have committed."""
-        psycopg = self.psycopg
+        own transaction, one round trip), else inside a transaction."""
         with self.pool.connection() as connection:
             if not connection.autocommit:  # a pool the caller configured otherwise
                 with self.transaction(connection) as open_connection:
                     written = rows.write(open_connection, lines)
             else:
-                try:
+                with self._committing(connection, "the commit's statement"):
                     written = rows.write(connection, lines)
-                except psycopg.OperationalError as error:
-                    connection.close()  # broken: the pool discards it rather than lend it again
-                    raise CommitOutcomeUnknownError(
-                        f"{self.path}: the connection broke during the commit ({error}); it may or may "
-                        "not have landed: reopen the session to read which"
-                    ) from error
-                except psycopg.Error as error:
-                    raise SessionPathError(errno.EIO, f"{self.path}: {error}") from error
         rows.advance(written)
 
     def write_batch(self, connection: Any, batch: Sequence[tuple[SessionRows, Sequence[bytes]]]) -> list[Any]:

@@ -350,3 +350,36 @@ def _renamed(info: Any, name: str) -> Any:
     import dataclasses
 
     return dataclasses.replace(info, name=name)
+
+
+def run_failovers(rounds: int) -> Any:
+    """`rounds` times: a primary with a synchronous standby; a child commits in the replicated
+    class; the primary is SIGKILLed mid-commit and the standby promoted; the session is checked
+    there (`repository_kills`). One report for all rounds."""
+    from .repository_kills import RepositoryKillReport, run_repository_kills
+
+    total = RepositoryKillReport()
+    for _ in range(rounds):
+        with PostgresServer.start() as primary:
+            standby = primary.standby()
+            standby_url = primary.url.replace(f":{primary.port}/", f":{standby.port}/")
+
+            def failover(
+                child: Any,
+                primary: PostgresServer = primary,
+                standby: PostgresServer = standby,
+                standby_url: str = standby_url,
+            ) -> str:
+                primary.kill()
+                child.wait(timeout=60)
+                standby.promote()
+                return standby_url
+
+            report = run_repository_kills(
+                primary.url, 1, max_wait=0.3, options={"durability": "replicated"}, crash=failover
+            )
+        total.kills += report.kills
+        total.acknowledged += report.acknowledged
+        total.lost += report.lost
+        total.failures += report.failures
+    return total
