@@ -93,6 +93,35 @@ def recommend(rows: list[dict[str, Any]]) -> list[str]:
     return advice
 
 
+def checks(result: dict[str, Any]) -> list[str]:
+    """The bounds a run is held to, each with its figure from this run (printed, not enforced)."""
+    lines = []
+    if result["mode"] == "quick":
+        lines.append(f"the quick run took {result['seconds']:.0f} s (bound: 120 s)")
+    many = [row for row in result["rows"] if row["shape"].startswith("c: 64 ") and row["kind"] != "ceiling"]
+    power = [row for row in many if row.get("durability") == "power" and "vs_ceiling" in row]
+    if power:
+        best = max(power, key=lambda row: row["vs_ceiling"])
+        lines.append(
+            f"64 sessions, power class: the best row ({best['name']}) reaches {best['vs_ceiling']:.2f}x "
+            "64 threads each writing and fdatasyncing its own file (bound: 0.6x)"
+        )
+    single = [
+        row
+        for row in result["rows"]
+        if row["shape"].startswith("a:")
+        and row.get("durability") == "power"
+        and row.get("vs_ceiling", 0) > 1.1
+    ]
+    lines.append(
+        "every power-class row with one committer is at most 1.1x its fsync ceiling"
+        if not single
+        else "above 1.1x their fsync ceiling: "
+        + ", ".join(f"{row['name']} {row['vs_ceiling']:.2f}x ({_why_above(row)})" for row in single)
+    )
+    return lines
+
+
 def text(result: dict[str, Any]) -> str:
     machine = result["machine"]
     out = [
@@ -113,6 +142,7 @@ def text(result: dict[str, Any]) -> str:
                 + "  ".join(cell.ljust(width) for cell, width in zip(cell_row, widths, strict=True)).rstrip()
             )
         out += _notes(members)
+    out += ["", "Bounds (figures of this run):"] + [f"  * {line}" for line in checks(result)]
     out += ["", "Recommendation (computed from this run: the fastest here, and its p99):"]
     out += [f"  * {line}" for line in result.get("recommendation") or recommend(result["rows"])]
     return "\n".join(out)
@@ -132,6 +162,7 @@ def markdown(result: dict[str, Any]) -> str:
         out += ["", f"## {shape}", "", "| " + " | ".join(cells[0]) + " |", "|" + " --- |" * len(cells[0])]
         out += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in cells[1:]]
         out += [line.strip() for line in _notes(members)]
+    out += ["", "## Bounds", ""] + [f"* {line}" for line in checks(result)]
     out += ["", "## Recommendation", ""] + [f"* {line}" for line in result.get("recommendation") or []]
     return "\n".join(out) + "\n"
 
