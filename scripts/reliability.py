@@ -523,7 +523,15 @@ EXPLANATION = """\
 * **kill -9 of a SQLite repository writer**: a child commits numbered messages to one session of
   a SQLite repository and prints each number once its commit returned; after every SIGKILL the
   session must read back as exactly the messages 0..N-1, N at least every printed number, and
-  the next child takes the dead writer's hold over and appends.
+  the next child takes the dead writer's hold over and appends. The async rows commit eight
+  messages at once through `repository_async` (its writer thread puts them in one transaction).
+  The same check runs against PostgreSQL (a throwaway server): SIGKILL of the client, and SIGKILL
+  of the whole server (postmaster and backends) then a restart; for the replicated class the
+  primary of a primary/synchronous-standby pair is SIGKILLed and the standby promoted, and the
+  session is read there.
+* **real ENOSPC**: commits until a tiny tmpfs is full: the failing commit raises
+  `StorePoisonedError` caused by an `OSError` with `ENOSPC`, nothing acknowledged is lost, and
+  reopening (or failing to, typed, while the disk stays full) keeps every acknowledged commit.
 * **power loss (simulated)**: every file operation of a workload is recorded; every prefix of
   the operations is a crash point; at each, every byte prefix of the unsynced bytes, each
   unsynced 4 KiB page zeroed, dropped (stale), zeroed to the end, or the file ending in a page
