@@ -1,4 +1,4 @@
-"""Smoke test of `python -m benchmarks`: the suite runs end to end with tiny counts and writes its
+"""Smoke test of `python -m benchmarks.edition1`: the suite runs end to end with tiny counts and writes its
 JSON and PNG. No timing is asserted; timing lives in the benchmark itself."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ pytest.importorskip("rich")
 pytest.importorskip("matplotlib")
 
 from benchmarks import async_backends, reduce, suite, targets
-from benchmarks.__main__ import main
+from benchmarks.edition1 import main
 
 import sessionlog
 from sessionlog.testing.sessions import generate_session

@@ -21,6 +21,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,10 @@ def run(
     postgres: str | None = None,
     mode: str = "quick",
     progress: bool = True,
+    peers: Sequence[shapes.Peer] = (),
 ) -> dict[str, Any]:
+    """Every shape; `peers`: other libraries besides the stdlib sqlite3 (one that cannot open is
+    listed as skipped with the reason, never estimated)."""
     plan = Plan(mode)
     infos = sessionlog.backends()
     names = backends or list(infos)
@@ -66,6 +70,15 @@ def run(
         infos[name]
     scratch = shapes.Scratch(directory)
     rows: list[dict[str, Any]] = []
+    usable, skipped = [], []
+    for peer in (shapes.sqlite3_peer("full"), shapes.sqlite3_peer("normal"), *peers):
+        try:  # one session opened and closed: a peer that is not installed or fails is a skip
+            commit, close = peer.open(scratch.fresh(), 0)
+            commit(0)
+            close()
+            usable.append(peer)
+        except Exception as error:
+            skipped.append({"name": peer.name, "reason": f"{type(error).__name__}: {error}"[:200]})
     started = time.monotonic()
 
     def say(message: str) -> None:
@@ -105,15 +118,10 @@ def run(
                     shapes.sessions_job(scratch, name, 1, commits, facts),
                     {"durability": info.durability, "api": info.api, "ceiling": ceiling},
                 )
-            for synchronous, durability in (("full", "power"), ("normal", "process")):
-                jobs[f"peer: sqlite3 WAL synchronous={synchronous.upper()}"] = (
-                    shapes.sqlite3_job(scratch, synchronous, 1, plan.commits(durability, "sync")),
-                    {
-                        "durability": durability,
-                        "api": "sync",
-                        "kind": "peer",
-                        "ceiling": _ceiling(durability, 1),
-                    },
+            for peer in usable:
+                jobs[f"peer: {peer.name}"] = (
+                    shapes.peer_job(scratch, peer, 1, plan.commits(peer.durability, "sync")),
+                    {"durability": peer.durability, "kind": "peer", "ceiling": _ceiling(peer.durability, 1)},
                 )
             ceilings = {
                 "write+fdatasync": shapes.ceiling_job(scratch, 1, plan.commits("power", "sync"), sync=True),
@@ -180,18 +188,18 @@ def run(
                         + ("write+fdatasync" if durability == "power" else "os.write"),
                     },
                 )
-            for synchronous, durability in (("full", "power"), ("normal", "process")):
-                jobs[f"peer: sqlite3 WAL synchronous={synchronous.upper()}, a connection per session"] = (
-                    shapes.sqlite3_job(
-                        scratch, synchronous, sessions, plan.commits(durability, "sync", sessions)
-                    ),
-                    {
-                        "durability": durability,
-                        "api": "sync",
-                        "kind": "peer",
-                        "ceiling": _ceiling(durability, sessions),
-                    },
-                )
+            for peer in usable:
+                if peer.concurrent:
+                    jobs[f"peer: {peer.name}, a thread a session"] = (
+                        shapes.peer_job(
+                            scratch, peer, sessions, plan.commits(peer.durability, "sync", sessions)
+                        ),
+                        {
+                            "durability": peer.durability,
+                            "kind": "peer",
+                            "ceiling": _ceiling(peer.durability, sessions),
+                        },
+                    )
             if postgres:
                 jobs["postgresql repository, async (power)"] = (
                     shapes.repository_job(
@@ -254,6 +262,7 @@ def run(
         scratch.remove()
     return {
         "rows": rows,
+        "skipped": skipped,
         "machine": machine(directory),
         "mode": mode,
         "seconds": round(time.monotonic() - started, 1),
@@ -292,7 +301,7 @@ def machine(directory: str | None) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, peers: Sequence[shapes.Peer] = ()) -> int:
     parser = argparse.ArgumentParser(prog="sessionlog bench", description=__doc__.split("\n")[0])
     parser.add_argument("--dir", help="the filesystem under test (scratch files go there, then go)")
     parser.add_argument("--backends", help="comma-separated registered backends (default: all)")
@@ -305,7 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", metavar="FILE", help="a PNG: one panel per shape (needs matplotlib)")
     args = parser.parse_args(argv)
     mode = "full" if args.full else "quick"
-    result = run(args.dir, args.backends.split(",") if args.backends else None, args.postgres, mode)
+    result = run(
+        args.dir, args.backends.split(",") if args.backends else None, args.postgres, mode, peers=peers
+    )
     result["recommendation"] = recommend(result["rows"])
     print(text(result))
     if args.json:

@@ -142,6 +142,8 @@ def text(result: dict[str, Any]) -> str:
                 + "  ".join(cell.ljust(width) for cell, width in zip(cell_row, widths, strict=True)).rstrip()
             )
         out += _notes(members)
+    for peer in result.get("skipped", []):
+        out.append(f"skipped: {peer['name']}: {peer['reason']}")
     out += ["", "Bounds (figures of this run):"] + [f"  * {line}" for line in checks(result)]
     out += ["", "Recommendation (computed from this run: the fastest here, and its p99):"]
     out += [f"  * {line}" for line in result.get("recommendation") or recommend(result["rows"])]

@@ -19,6 +19,8 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -273,40 +275,54 @@ def fill_repository(repo: Any, sessions: int) -> None:
                 store.commit(F.accept_prompt(f"task {number}"))
 
 
-def sqlite3_job(scratch: Scratch, synchronous: str, sessions: int, commits: int) -> Job:
+@dataclass(frozen=True)
+class Peer:
+    """Another library in shapes a and c: `open(folder, session)` opens one session of it under
+    `folder` (shared by the sessions of a round) and gives (commit(index), close)."""
+
+    name: str
+    durability: str
+    open: Callable[[Path, int], tuple[Callable[[int], Any], Callable[[], Any]]]
+    concurrent: bool = True  # also N sessions at once, a thread each
+
+
+def peer_job(scratch: Scratch, peer: Peer, sessions: int, commits: int) -> Job:
+    def run() -> tuple[int, float, list[float]]:
+        folder = scratch.fresh()
+        opened = [peer.open(folder, session) for session in range(sessions)]
+        try:
+            return in_threads(sessions, commits, lambda session, index: opened[session][0](index))
+        finally:
+            for _, close in opened:
+                close()
+            shutil.rmtree(folder, ignore_errors=True)
+
+    return run
+
+
+def sqlite3_peer(synchronous: str) -> Peer:
     """The stdlib peer: SQLite in WAL mode, one `INSERT` + `COMMIT` of a ~500-byte row per
-    commit, one connection a session (thread), all in one database file."""
+    commit, one connection a session, all sessions in one database file."""
     import sqlite3
 
     line = b"x" * 499 + b"\n"
 
-    def run() -> tuple[int, float, list[float]]:
-        folder = scratch.fresh()
+    def open_session(folder: Path, session: int) -> tuple[Callable[[int], Any], Callable[[], Any]]:
         path = folder / "peer.db"
-        with sqlite3.connect(path) as setup:
-            setup.execute("pragma journal_mode=wal")
-            setup.execute(
-                "create table lines (session integer, line_no integer, line blob, "
-                "primary key (session, line_no))"
-            )
-        connections = [
-            sqlite3.connect(path, isolation_level=None, timeout=60, check_same_thread=False)
-            for _ in range(sessions)
-        ]
-        for connection in connections:
-            connection.execute(f"pragma synchronous={synchronous}")
+        connection = sqlite3.connect(path, isolation_level=None, timeout=60, check_same_thread=False)
+        connection.execute("pragma journal_mode=wal")
+        connection.execute(f"pragma synchronous={synchronous}")
+        connection.execute(
+            "create table if not exists lines (session integer, line_no integer, line blob, "
+            "primary key (session, line_no))"
+        )
 
-        def commit(session: int, index: int) -> None:
-            connection = connections[session]
+        def commit(index: int) -> None:
             connection.execute("begin immediate")
             connection.execute("insert into lines values (?, ?, ?)", (session, index, line))
             connection.execute("commit")
 
-        try:
-            return in_threads(sessions, commits, commit)
-        finally:
-            for connection in connections:
-                connection.close()
-            shutil.rmtree(folder, ignore_errors=True)
+        return commit, connection.close
 
-    return run
+    durability = "power" if synchronous.lower() == "full" else "process"
+    return Peer(f"sqlite3 WAL synchronous={synchronous.upper()}", durability, open_session)
