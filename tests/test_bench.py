@@ -39,7 +39,7 @@ def test_the_command_line_writes_json_markdown_and_a_plot(tmp_path: Path, monkey
 
     real = bench.run
     monkeypatch.setattr(
-        bench, "run", lambda *args: real(args[0], ["jsonl", "jsonl-group"], None, "tiny", False)
+        bench, "run", lambda *args, **kwargs: real(args[0], ["jsonl", "jsonl-group"], None, "tiny", False)
     )
     out = tmp_path / "out"
     out.mkdir()

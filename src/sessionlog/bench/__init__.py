@@ -5,9 +5,10 @@
 
 Shapes: (a) one session, one committer, 1- and 10-fact transactions; (b) one session, 64
 committers (async stores); (c) N sessions at once, one writer each (N = 16, 64; 256 with
-`--full`); (d) loading a session by its length; (e) `list` and `unfinished` over 10,000
-sessions. Every registered backend (third-party ones too) and the repositories, each row beside
-its ceiling measured in the same run, interleaved (`measure`). It ends with a recommendation
+`--full`); (d) loading a session by its length and by its number of compactions; (e) `list` and
+`unfinished` over 10,000 sessions. Every registered backend (third-party ones too), the
+repositories and the peers, each row beside its ceiling measured in the same run, interleaved
+(`measure`). It ends with a recommendation
 computed from the run: per durability class and shape, the fastest backend here and its p99.
 Scratch files go under `--dir` (default: the system's temporary directory) and are removed.
 """
@@ -223,11 +224,15 @@ def run(
             measure(f"c: {sessions} sessions, one writer each", jobs, ceilings)
         # (d) loading
         folder = scratch.fresh()
-        for facts in plan.loads:
-            say(f"loading a {facts:,}-fact session")
-            path = shapes.write_session(folder, facts)
+        loads = [(facts, 0) for facts in plan.loads] + [
+            (plan.loads[-1], compactions) for compactions in (10, 50)
+        ]
+        for facts, compactions in loads:
+            label = f"d: load {facts:,} facts" + (f", {compactions} compactions" if compactions else "")
+            say(label[3:])
+            path = shapes.write_session(folder, facts, compactions)
             measure(
-                f"d: load {facts:,} facts",
+                label,
                 {
                     "reduce (every backend's load)": (
                         shapes.load_job(path),

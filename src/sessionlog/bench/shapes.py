@@ -244,11 +244,12 @@ def parse_ceiling_job(path: Path) -> Job:
 
 
 def write_session(folder: Path, facts: int, compactions: int = 0) -> Path:
-    """A finished session of `facts` user-message facts (process class: made fast)."""
+    """A session of an agent at work (`testing.sessions`, the bulk profile: prompts, model
+    attempts, tool calls and results, usage) of `facts` facts and `compactions` compactions."""
+    from sessionlog.testing.sessions import generate_session
+
     path = folder / f"load-{facts}-{compactions}.jsonl"
-    with sessionlog.create(path, "jsonl", **HEADER) as store:
-        for index in range(facts):
-            store.commit(transaction(index, 1))
+    path.write_bytes(generate_session(5, facts, profile="bulk", compactions=compactions).to_bytes())
     return path
 
 
