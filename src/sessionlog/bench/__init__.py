@@ -310,7 +310,9 @@ def main(argv: list[str] | None = None, peers: Sequence[shapes.Peer] = ()) -> in
     parser = argparse.ArgumentParser(prog="sessionlog bench", description=__doc__.split("\n")[0])
     parser.add_argument("--dir", help="the filesystem under test (scratch files go there, then go)")
     parser.add_argument("--backends", help="comma-separated registered backends (default: all)")
-    parser.add_argument("--postgres", metavar="URL", help="a PostgreSQL database for its rows")
+    parser.add_argument(
+        "--postgres", metavar="URL", help="a PostgreSQL database for its rows (else a throwaway local server)"
+    )
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="the default: about 2 minutes")
     size.add_argument("--full", action="store_true", help="more rounds, 256 sessions, 100k-fact loads")
@@ -319,9 +321,24 @@ def main(argv: list[str] | None = None, peers: Sequence[shapes.Peer] = ()) -> in
     parser.add_argument("--plot", metavar="FILE", help="a PNG: one panel per shape (needs matplotlib)")
     args = parser.parse_args(argv)
     mode = "full" if args.full else "quick"
-    result = run(
-        args.dir, args.backends.split(",") if args.backends else None, args.postgres, mode, peers=peers
-    )
+    server, unavailable = None, None
+    if args.postgres is None:  # a throwaway server when this machine has PostgreSQL's binaries
+        try:
+            from ..testing.postgres import PostgresServer
+
+            server = PostgresServer.start()
+            args.postgres = server.new_database()
+        except Exception as error:
+            unavailable = f"no --postgres URL and no local server could be started: {error}"[:300]
+    try:
+        result = run(
+            args.dir, args.backends.split(",") if args.backends else None, args.postgres, mode, peers=peers
+        )
+    finally:
+        if server is not None:
+            server.stop()
+    if unavailable:
+        result["skipped"].append({"name": "the PostgreSQL rows", "reason": unavailable})
     result["recommendation"] = recommend(result["rows"])
     print(text(result))
     if args.json:
