@@ -74,21 +74,26 @@ def _notes(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def recommend(rows: list[dict[str, Any]]) -> list[str]:
-    """Per shape and durability class, the fastest backend or repository of this run."""
+    """Per shape and durability class, the fastest sessionlog backend or repository of this run
+    (the peers are there to compare with, not to recommend)."""
     advice = []
     for shape, members in _shapes(rows).items():
         if shape[0] not in "abc":
             continue
         for durability in CLASSES:
             candidates = [
-                row for row in members if row["kind"] != "ceiling" and row.get("durability") == durability
+                row
+                for row in members
+                if row["kind"] in ("backend", "repository") and row.get("durability") == durability
             ]
             if not candidates:
                 continue
             best = max(candidates, key=lambda row: row["per_s"])
+            p99 = (
+                f"{best['p99_us'] / 1000:,.1f} ms" if best["p99_us"] >= 1000 else f"{best['p99_us']:,.0f} µs"
+            )
             advice.append(
-                f"{shape}, {durability} class: {best['name']} ({_rate(best['per_s'])} commits/s, "
-                f"p99 {best['p99_us'] / 1000:,.1f} ms)"
+                f"{shape}, {durability} class: {best['name']} ({_rate(best['per_s'])} commits/s, p99 {p99})"
             )
     return advice
 
@@ -192,7 +197,15 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 continue
             start = position
             for row in group:
-                axis.bar(position, row["per_s"], color=colours[durability], width=0.8)
+                peer = row["kind"] == "peer"  # another library: hatched
+                axis.bar(
+                    position,
+                    row["per_s"],
+                    color=colours[durability],
+                    width=0.8,
+                    hatch="//" if peer else None,
+                    alpha=0.55 if peer else 1.0,
+                )
                 axis.errorbar(
                     position,
                     row["per_s"],
@@ -211,15 +224,18 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 )
             axis.text(
                 (start + position - 1) / 2,
-                axis.get_ylim()[1],
+                0.97,
                 durability,
+                transform=axis.get_xaxis_transform(),
                 ha="center",
-                va="bottom",
+                va="top",
                 fontsize=8,
             )
             position += 0.8
         axis.set_yscale("log")
-        axis.set_title(shape + " (dashed: the class's ceiling, same run)", fontsize=9)
+        axis.set_title(
+            f"{shape} (dashed: the class's ceiling, same run; hatched: other libraries)", fontsize=9
+        )
         axis.set_ylabel("commits/s")
         axis.set_xticks(ticks, labels, rotation=25, ha="right", fontsize=7)
     figure.tight_layout()
