@@ -30,6 +30,7 @@ import sessionlog
 
 from . import shapes
 from .measure import Job, alternate, paired_ratio
+from .peers import peers as all_peers
 from .report import markdown, plot, recommend, text
 
 
@@ -62,8 +63,8 @@ def run(
     progress: bool = True,
     peers: Sequence[shapes.Peer] = (),
 ) -> dict[str, Any]:
-    """Every shape; `peers`: other libraries besides the stdlib sqlite3 (one that cannot open is
-    listed as skipped with the reason, never estimated)."""
+    """Every shape; `peers`: the other libraries (`peers.peers`; one that cannot open is listed
+    as skipped with the reason, never estimated)."""
     plan = Plan(mode)
     infos = sessionlog.backends()
     names = backends or list(infos)
@@ -72,7 +73,7 @@ def run(
     scratch = shapes.Scratch(directory)
     rows: list[dict[str, Any]] = []
     usable, skipped = [], []
-    for peer in (shapes.sqlite3_peer("full"), shapes.sqlite3_peer("normal"), *peers):
+    for peer in peers:
         try:  # one session opened and closed: a peer that is not installed or fails is a skip
             commit, close = peer.open(scratch.fresh(), 0)
             commit(0)
@@ -306,7 +307,7 @@ def machine(directory: str | None) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None, peers: Sequence[shapes.Peer] = ()) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sessionlog bench", description=__doc__.split("\n")[0])
     parser.add_argument("--dir", help="the filesystem under test (scratch files go there, then go)")
     parser.add_argument("--backends", help="comma-separated registered backends (default: all)")
@@ -332,7 +333,11 @@ def main(argv: list[str] | None = None, peers: Sequence[shapes.Peer] = ()) -> in
             unavailable = f"no --postgres URL and no local server could be started: {error}"[:300]
     try:
         result = run(
-            args.dir, args.backends.split(",") if args.backends else None, args.postgres, mode, peers=peers
+            args.dir,
+            args.backends.split(",") if args.backends else None,
+            args.postgres,
+            mode,
+            peers=all_peers(args.postgres),
         )
     finally:
         if server is not None:

@@ -299,31 +299,3 @@ def peer_job(scratch: Scratch, peer: Peer, sessions: int, commits: int) -> Job:
             shutil.rmtree(folder, ignore_errors=True)
 
     return run
-
-
-def sqlite3_peer(synchronous: str) -> Peer:
-    """The stdlib peer: SQLite in WAL mode, one `INSERT` + `COMMIT` of a ~500-byte row per
-    commit, one connection a session, all sessions in one database file."""
-    import sqlite3
-
-    line = b"x" * 499 + b"\n"
-
-    def open_session(folder: Path, session: int) -> tuple[Callable[[int], Any], Callable[[], Any]]:
-        path = folder / "peer.db"
-        connection = sqlite3.connect(path, isolation_level=None, timeout=60, check_same_thread=False)
-        connection.execute("pragma journal_mode=wal")
-        connection.execute(f"pragma synchronous={synchronous}")
-        connection.execute(
-            "create table if not exists lines (session integer, line_no integer, line blob, "
-            "primary key (session, line_no))"
-        )
-
-        def commit(index: int) -> None:
-            connection.execute("begin immediate")
-            connection.execute("insert into lines values (?, ?, ?)", (session, index, line))
-            connection.execute("commit")
-
-        return commit, connection.close
-
-    durability = "power" if synchronous.lower() == "full" else "process"
-    return Peer(f"sqlite3 WAL synchronous={synchronous.upper()}", durability, open_session)
