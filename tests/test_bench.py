@@ -60,3 +60,19 @@ def test_the_command_line_writes_json_markdown_and_a_plot(tmp_path: Path, monkey
     assert (out / "r.md").read_text().startswith("# sessionlog bench")
     assert (out / "r.png").read_bytes()[:4] == b"\x89PNG"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]
+
+
+def test_the_hard_check_flags_a_power_row_faster_than_its_interleaved_fsync_ceiling() -> None:
+    row = {"shape": "a: 1 session, 1 committer, 1 fact", "kind": "backend", "durability": "power"}
+    rows = [
+        {**row, "name": "honest", "vs_ceiling": 0.9, "ceiling": "write+fdatasync"},
+        {**row, "name": "liar", "vs_ceiling": 3.0, "ceiling": "write+fdatasync"},
+        {**row, "name": "process", "durability": "process", "vs_ceiling": 9.0, "ceiling": "os.write"},
+    ]
+    assert report.not_syncing({"mode": "quick", "rows": rows}) == ["liar (3.00x write+fdatasync)"]
+    assert report.not_syncing({"mode": "tiny", "rows": rows}) == []  # one round proves nothing
+
+
+def test_unknown_backends_are_a_usage_error(cli: Any) -> None:
+    run = cli("bench", "--backends", "jsonl,nope")
+    assert run.code == 2 and "nope" in run.err and "sqlite-repository" in run.err

@@ -22,7 +22,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,9 @@ import sessionlog
 from . import shapes
 from .measure import Job, alternate, paired_ratio
 from .peers import peers as all_peers
-from .report import markdown, plot, recommend, text
+from .report import markdown, not_syncing, plot, recommend, text
+
+REPOSITORIES = ("directory", "sqlite", "postgresql")  # `--backends` names them `KIND-repository`
 
 
 class Plan:
@@ -67,9 +69,18 @@ def run(
     as skipped with the reason, never estimated)."""
     plan = Plan(mode)
     infos = sessionlog.backends()
-    names = backends or list(infos)
-    for name in names:
-        infos[name]
+    chosen = set(backends) if backends else None
+    unknown = (chosen or set()) - set(infos) - {f"{kind}-repository" for kind in REPOSITORIES}
+    if unknown:
+        raise ValueError(
+            f"not a registered backend nor a repository: {', '.join(sorted(unknown))}; backends: "
+            f"{', '.join(infos)}; repositories: {', '.join(f'{kind}-repository' for kind in REPOSITORIES)}"
+        )
+    names = [name for name in infos if chosen is None or name in chosen]
+
+    def repository_on(kind: str) -> bool:
+        return chosen is None or f"{kind}-repository" in chosen
+
     scratch = shapes.Scratch(directory)
     rows: list[dict[str, Any]] = []
     usable, skipped = [], []
@@ -173,7 +184,7 @@ def run(
                         + ("write+fdatasync" if info.durability != "process" else "os.write"),
                     },
                 )
-            for durability in ("power", "process"):
+            for durability in ("power", "process") if repository_on("sqlite") else ():
                 label = f"sqlite repository, async ({durability})"
                 jobs[label] = (
                     shapes.repository_job(
@@ -202,7 +213,7 @@ def run(
                             "ceiling": _ceiling(peer.durability, sessions),
                         },
                     )
-            if postgres:
+            if postgres and repository_on("postgresql"):
                 jobs["postgresql repository, async (power)"] = (
                     shapes.repository_job(
                         lambda: postgres, sessions, plan.commits("power", "async", sessions)
@@ -244,12 +255,14 @@ def run(
             )
         # (e) listing
         say(f"list and unfinished over {plan.listed:,} sessions")
-        repos = {
-            "directory": sessionlog.repository(scratch.fresh(), backend="jsonl"),
-            "sqlite": sessionlog.repository(f"sqlite:///{scratch.fresh() / 'list.db'}", durability="process"),
+        places: dict[str, Callable[[], Any]] = {
+            "directory": lambda: sessionlog.repository(scratch.fresh(), backend="jsonl"),
+            "sqlite": lambda: sessionlog.repository(
+                f"sqlite:///{scratch.fresh() / 'list.db'}", durability="process"
+            ),
+            "postgresql": lambda: sessionlog.repository(postgres) if postgres else None,
         }
-        if postgres:
-            repos["postgresql"] = sessionlog.repository(postgres)
+        repos = {kind: repo for kind, make in places.items() if repository_on(kind) and (repo := make())}
         try:
             jobs = {}
             for kind, repo in repos.items():
@@ -260,7 +273,8 @@ def run(
                         shapes.listing_job(repo, call),
                         {"durability": "-", "unit": "calls/s"},
                     )
-            measure(f"e: list and unfinished over {plan.listed:,} sessions", jobs, {})
+            if jobs:
+                measure(f"e: list and unfinished over {plan.listed:,} sessions", jobs, {})
         finally:
             for repo in repos.values():
                 repo.close()
@@ -321,6 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", metavar="FILE", help="the tables and the recommendation")
     parser.add_argument("--plot", metavar="FILE", help="a PNG: one panel per shape (needs matplotlib)")
     args = parser.parse_args(argv)
+    known = set(sessionlog.backends()) | {f"{kind}-repository" for kind in REPOSITORIES}
+    if args.backends and not set(args.backends.split(",")) <= known:
+        unknown = ", ".join(sorted(set(args.backends.split(",")) - known))
+        names = ", ".join(sorted(known))
+        parser.error(f"--backends: not a registered backend nor a repository: {unknown} (known: {names})")
     mode = "full" if args.full else "quick"
     server, unavailable = None, None
     if args.postgres is None:  # a throwaway server when this machine has PostgreSQL's binaries
@@ -352,4 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.markdown).write_text(markdown(result))
     if args.plot:
         plot(result, Path(args.plot))
+    unsynced = not_syncing(result)
+    if unsynced:  # the hard check: medians of interleaved rounds, never a single lucky round
+        print(f"HARD CHECK FAILED: faster than this disk can sync, so not syncing: {', '.join(unsynced)}")
+        return 3
     return 0

@@ -136,6 +136,31 @@ def _openai_agents(folder: Path, session: int) -> Opened:
     return commit, close
 
 
+def _openai_agents_sqlalchemy(url: str) -> Callable[[Path, int], Opened]:
+    """openai-agents' `SQLAlchemySession` on PostgreSQL (psycopg 3 as SQLAlchemy's async driver)."""
+
+    def open_session(folder: Path, session: int) -> Opened:
+        from agents.extensions.memory.sqlalchemy_session import SQLAlchemySession
+
+        runner = asyncio.Runner()
+        store = SQLAlchemySession.from_url(
+            f"{folder.name}-{session}",
+            url="postgresql+psycopg://" + url.split("://", 1)[1],
+            create_tables=True,
+        )
+
+        def commit(index: int) -> None:
+            runner.run(store.add_items([_message(index)]))  # type: ignore[list-item, unused-ignore]
+
+        def close() -> None:
+            runner.run(store.engine.dispose())
+            runner.close()
+
+        return commit, close
+
+    return open_session
+
+
 def _postgres_env(url: str) -> Callable[[Path, int], dict[str, str]]:
     def env(folder: Path, session: int) -> dict[str, str]:
         import psycopg
@@ -178,5 +203,11 @@ def peers(postgres: str | None = None) -> list[Peer]:
         found += [
             Peer("LangGraph PostgresSaver.put_writes", "power", _langgraph_postgres(postgres)),
             Peer("eventsourcing (PostgreSQL)", "power", _eventsourcing(_postgres_env(postgres))),
+            Peer(
+                "openai-agents SQLAlchemySession (PostgreSQL)",
+                "power",
+                _openai_agents_sqlalchemy(postgres),
+                concurrent=False,
+            ),
         ]
     return found

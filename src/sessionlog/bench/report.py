@@ -98,6 +98,23 @@ def recommend(rows: list[dict[str, Any]]) -> list[str]:
     return advice
 
 
+def not_syncing(result: dict[str, Any]) -> list[str]:
+    """Power-class rows with one committer whose median over interleaved rounds beats the
+    fsync ceiling by more than 10%: a commit that waits for its sync cannot. (Not asked of a
+    `tiny` run: one round of a few commits proves nothing either way.)"""
+    if result["mode"] == "tiny":
+        return []
+    rows = result["rows"]
+    return [
+        f"{row['name']} ({row['vs_ceiling']:.2f}x {row['ceiling']})"
+        for row in rows
+        if row["shape"].startswith("a:")
+        and row["kind"] in ("backend", "repository")
+        and row.get("durability") in ("power", "replicated")
+        and row.get("vs_ceiling", 0) > 1.1
+    ]
+
+
 def checks(result: dict[str, Any]) -> list[str]:
     """The bounds a run is held to, each with its figure from this run (printed, not enforced)."""
     lines = []
@@ -111,18 +128,11 @@ def checks(result: dict[str, Any]) -> list[str]:
             f"64 sessions, power class: the best row ({best['name']}) reaches {best['vs_ceiling']:.2f}x "
             "64 threads each writing and fdatasyncing its own file (bound: 0.6x)"
         )
-    single = [
-        row
-        for row in result["rows"]
-        if row["shape"].startswith("a:")
-        and row.get("durability") == "power"
-        and row.get("vs_ceiling", 0) > 1.1
-    ]
+    unsynced = not_syncing(result)
     lines.append(
         "every power-class row with one committer is at most 1.1x its fsync ceiling"
-        if not single
-        else "above 1.1x their fsync ceiling: "
-        + ", ".join(f"{row['name']} {row['vs_ceiling']:.2f}x ({_why_above(row)})" for row in single)
+        if not unsynced
+        else f"above 1.1x their fsync ceiling (the hard check fails): {', '.join(unsynced)}"
     )
     return lines
 

@@ -217,7 +217,10 @@ def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None)
     if arguments[:1] == ["bench"]:  # the benchmark has its own options (`sessionlog bench --help`)
         from ..bench import main as bench
 
-        return bench(arguments[1:])
+        try:
+            return bench(arguments[1:])
+        except SystemExit as exit:  # --help, or a usage error its parser reported
+            return 0 if exit.code is None else exit.code if isinstance(exit.code, int) else 2
     parser = build_parser()
     try:
         args = parser.parse_args(arguments)
