@@ -204,21 +204,28 @@ class SQLiteRepository(SQLRepository):
         """Hold the session for a writer (SessionLockedError while a live writer holds it); the
         new writer epoch, which every commit of this writer checks."""
         session_id = self._id(session_id)
-        with self.transaction(connection) as open_connection:
-            row = open_connection.execute(
-                "select writer, writer_epoch from sessions where session_id = ?", (session_id,)
-            ).fetchone()
-            if row is None:
-                raise self._missing(session_id)
-            holder, epoch = row
-            if self.holds(holder, session_id):
-                raise SessionLockedError(f"session {session_id} in {self.path} is held by {holder}")
-            open_connection.execute(
-                "update sessions set writer = ?, writer_epoch = ? where session_id = ?",
-                (_me(), epoch + 1, session_id),
-            )
-        _HELD_HERE[self.key, session_id] = epoch + 1
-        return int(epoch) + 1
+        epoch = 0
+        try:
+            with self.transaction(connection) as open_connection:
+                row = open_connection.execute(
+                    "select writer, writer_epoch from sessions where session_id = ?", (session_id,)
+                ).fetchone()
+                if row is None:
+                    raise self._missing(session_id)
+                holder, epoch = row[0], int(row[1]) + 1
+                if self.holds(holder, session_id):
+                    raise SessionLockedError(f"session {session_id} in {self.path} is held by {holder}")
+                open_connection.execute(
+                    "update sessions set writer = ?, writer_epoch = ? where session_id = ?",
+                    (_me(), epoch, session_id),
+                )
+                # Known held here before COMMIT: a claim of another thread of this process waits on
+                # BEGIN IMMEDIATE until then, and must find it held, not a dead hold of this pid.
+                _HELD_HERE[self.key, session_id] = epoch
+        except BaseException:
+            self.forget_hold(session_id, epoch)
+            raise
+        return epoch
 
     def forget_hold(self, session_id: str, epoch: int) -> None:
         """This process no longer holds the session (its row may still name it: `_held`)."""
