@@ -335,7 +335,7 @@ def remove_stale_temporaries(path: Path) -> None:
         parts = name.split(".")
         if len(parts) < 5 or not name.startswith(".") or parts[-1] not in _PURPOSES:
             continue
-        if not parts[-3].isdigit() or _alive(int(parts[-3])):
+        if not parts[-3].isdigit() or process_alive(int(parts[-3])):
             continue
         with contextlib.suppress(OSError):
             os.unlink(path.parent / name)
@@ -344,7 +344,8 @@ def remove_stale_temporaries(path: Path) -> None:
 _PURPOSES = ("creating", "converting")
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` of this host may be running (a lingering zombie counts as running)."""
     if pid == os.getpid():
         return True
     try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import builtins
 import json
-import os
 import socket
 import time
 from collections.abc import Iterable, Sequence
@@ -20,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from ..backends.jsonl_file import process_alive
 from ..core.errors import SessionChangedError, SessionExistsError, SessionLockedError, SessionNotFoundError
 from ..core.ids import new_id
 from ..core.loading import reduce_bytes
@@ -51,15 +51,7 @@ def gone(holder: str) -> bool:
     host that has ended. Another host's writer is never known gone (only its lease can tell)."""
     host, _, rest = holder.partition(":")
     pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False
-    return False
+    return host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid))
 
 
 def statements(prefix: str = "", placeholder: str = "?", held: str = "writer") -> dict[str, str]:
