@@ -71,6 +71,12 @@ class FileOps:
     unlink = staticmethod(os.unlink)
     close = staticmethod(os.close)
 
+    def syncfs(self, fd: int) -> None:
+        """syncfs(2): every dirty page and the metadata of the whole filesystem holding `fd`,
+        durable when it returns (Linux; it reports write-back errors since 5.8). `jsonl-syncfs`
+        shares one such call among many session files."""
+        _syncfs(fd)
+
     def fsync_directory(self, directory: Path) -> None:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
@@ -242,13 +248,26 @@ class JsonlFile:
         if self._sync:
             self._ops.fsync(self._fd)
 
+    @property
+    def device(self) -> int:
+        """The filesystem (st_dev) holding the file."""
+        return self._key[0]
+
     def append(self, data: bytes) -> None:
+        self._write(data)
+        if self._sync:
+            self._ops.fdatasync(self._fd)
+
+    def write_unsynced(self, lines: Sequence[bytes]) -> None:
+        """`append_many` without the sync, for a caller that syncs the whole filesystem once for
+        many files (`jsonl-syncfs`): the lines are durable only after that sync returned."""
+        self._write(b"".join(lines))
+
+    def _write(self, data: bytes) -> None:
         size = self._size
         self._check_size()
         self._size = -1  # unknown until the write returned whole (a failed one poisons the store)
         _write_all(self._ops, self._fd, data)
-        if self._sync:
-            self._ops.fdatasync(self._fd)
         self._size = size + len(data)
 
     def append_many(self, lines: Sequence[bytes]) -> None:
@@ -420,6 +439,24 @@ def _check_free(path: Path) -> None:
     if not stat.S_ISREG(mode):
         raise SessionPathError(errno.EINVAL, f"not a regular file: {path}", str(path))
     raise SessionExistsError(errno.EEXIST, f"a session already exists: {path}", str(path))
+
+
+_libc: Any = None
+
+
+def _syncfs(fd: int) -> None:
+    global _libc
+    if _libc is None:
+        import ctypes
+
+        _libc = ctypes.CDLL(None, use_errno=True)
+    if not hasattr(_libc, "syncfs"):
+        raise OSError(errno.ENOSYS, "this C library has no syncfs(2)")
+    if _libc.syncfs(fd) != 0:
+        import ctypes
+
+        code = ctypes.get_errno()
+        raise OSError(code, f"syncfs: {os.strerror(code)}")
 
 
 def _write_all(ops: FileOps, fd: int, data: bytes) -> None:

@@ -23,6 +23,7 @@ BUILTIN_PLUGINS = (
     "sessionlog.backends.jsonl_fsync",
     "sessionlog.backends.jsonl_async",
     "sessionlog.backends.jsonl_group",
+    "sessionlog.backends.jsonl_syncfs",
     "sessionlog.backends.sqlite",
 )
 

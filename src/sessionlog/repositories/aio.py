@@ -5,7 +5,8 @@ Everything but the commits runs on one worker thread per repository (its connect
 that thread only). Commits:
 
 * a directory's sessions are `jsonl-group` files (or `jsonl-async` for a `jsonl` repository):
-  group commit per session, as `open_async` gives them;
+  group commit per session, as `open_async` gives them; with `backend="jsonl-syncfs"` the
+  commits of all its sessions share one `syncfs` a round (Linux; `backends.syncfs_file`);
 * a SQLite repository funnels the commits of **all** its sessions through one writer thread
   (`BatchWriter`): every batch queued while the previous transaction was being written goes
   into one SQLite transaction, so one sync covers many sessions. A session's batch starts with
@@ -37,6 +38,8 @@ from .sql import SQLRepository
 
 _T = TypeVar("_T")
 _ASYNC_TWIN = {"jsonl-fsync": "jsonl-group", "jsonl": "jsonl-async"}
+# An async file backend named for a directory: the sync repository reads with its twin.
+_SYNC_TWIN = {"jsonl-group": "jsonl-fsync", "jsonl-syncfs": "jsonl-fsync", "jsonl-async": "jsonl"}
 
 
 class AsyncRepository(AsyncRepositoryBase):
@@ -101,9 +104,9 @@ class AsyncRepository(AsyncRepositoryBase):
 class AsyncDirectoryRepository(AsyncRepository):
     sync: DirectoryRepository
 
-    def __init__(self, sync: DirectoryRepository) -> None:
+    def __init__(self, sync: DirectoryRepository, backend: str | None = None) -> None:
         super().__init__(sync)
-        self.backend = _ASYNC_TWIN.get(sync.backend, sync.backend)
+        self.backend = backend or _ASYNC_TWIN.get(sync.backend, sync.backend)
 
     async def create(self, **header: Any) -> AsyncSessionStore:
         labels = header.pop("labels", ())
@@ -243,12 +246,17 @@ class BatchWriter:
 
 
 async def repository_async(location: str | Path, **options: Any) -> AsyncRepository:
-    """The async twin of `sessionlog.repository` (a directory or `sqlite:///...`)."""
+    """The async twin of `sessionlog.repository` (a directory or `sqlite:///...`). A directory
+    also takes an async file backend (`backend="jsonl-syncfs"`) for its sessions' commits."""
     from . import repository
 
+    backend = options.get("backend")
+    writes_with = backend if backend in _SYNC_TWIN else None
+    if writes_with is not None:
+        options["backend"] = _SYNC_TWIN[writes_with]
     sync = await asyncio.to_thread(functools.partial(repository, location, **options))
     if isinstance(sync, DirectoryRepository):
-        return AsyncDirectoryRepository(sync)
+        return AsyncDirectoryRepository(sync, writes_with)
     if isinstance(sync, SQLRepository):
         return AsyncSQLRepository(sync)
     raise TypeError(f"no async twin for {type(sync).__name__} repositories")

@@ -295,6 +295,10 @@ class ProbeOps(FileOps):
         _report(self._fd, _SYNCING)
         os.fsync(fd)
 
+    def syncfs(self, fd: int) -> None:
+        _report(self._fd, _SYNCING)
+        super().syncfs(fd)
+
 
 def _report(fd: int, value: int) -> None:
     os.write(fd, _RECORD.pack(value))

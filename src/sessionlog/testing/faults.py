@@ -119,6 +119,11 @@ class FaultOps(FileOps):
             raise self._error("fdatasync")
         os.fdatasync(fd)
 
+    def syncfs(self, fd: int) -> None:
+        if self._enter("syncfs"):
+            raise self._error("syncfs")
+        super().syncfs(fd)
+
     def ftruncate(self, fd: int, length: int) -> None:
         if self._enter("ftruncate"):
             raise self._error("ftruncate")

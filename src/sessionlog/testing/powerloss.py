@@ -4,7 +4,8 @@
 workload runs for real, in a temporary directory). `crash_states` then replays the trace on a
 model of a filesystem and yields, after every prefix of the operations, each state the disk may
 be in if power fails at that point. The model (per file, for the bytes changed since its last
-fsync/fdatasync, in 4 KiB pages on file offsets; directories by their last directory fsync):
+fsync/fdatasync, in 4 KiB pages on file offsets; directories by their last directory fsync; a
+syncfs syncs every file and every name):
 
 * ``synced``: nothing since the last sync reached the disk (a lost truncate included);
 * ``prefix``: the recorded size stops at any byte of the unsynced part, everything before it
@@ -123,6 +124,10 @@ class TraceOps(FileOps):
         os.fdatasync(fd)
         self._record(Op("fdatasync", fd=fd))
 
+    def syncfs(self, fd: int) -> None:
+        super().syncfs(fd)
+        self._record(Op("syncfs", fd=fd))
+
     def ftruncate(self, fd: int, length: int) -> None:
         os.ftruncate(fd, length)
         self._record(Op("ftruncate", fd=fd, length=length))
@@ -199,6 +204,11 @@ class _Model:
             inode = self.fds[op.fd]
             inode.durable = bytes(inode.data)
             inode.low = len(inode.data)
+        elif kind == "syncfs":  # every file and every name of the filesystem
+            for inode in self.names.values():
+                inode.durable = bytes(inode.data)
+                inode.low = len(inode.data)
+            self.durable_names = dict(self.names)
         elif kind == "ftruncate":
             inode = self.fds[op.fd]
             del inode.data[op.length :]

@@ -226,8 +226,8 @@ class RecordingOps(FileOps):
             self._failing.pop(name, None)
 
     def syncs(self) -> int:
-        """Every fsync and fdatasync call, of files and directories."""
-        return self.calls["fsync"] + self.calls["fdatasync"] + self.calls["fsync_directory"]
+        """Every sync call: fsync, fdatasync and syncfs, of files, directories and filesystems."""
+        return sum(self.calls[name] for name in ("fsync", "fdatasync", "syncfs", "fsync_directory"))
 
     def _enter(self, name: str) -> tuple[bool, int | None]:
         with self._lock:
@@ -271,6 +271,10 @@ class RecordingOps(FileOps):
     def fdatasync(self, fd: Any) -> None:
         self._check("fdatasync")
         os.fdatasync(fd)
+
+    def syncfs(self, fd: int) -> None:
+        self._check("syncfs")
+        super().syncfs(fd)
 
     def ftruncate(self, fd: int, length: int) -> None:
         self._check("ftruncate")
@@ -896,7 +900,7 @@ class StoreContract(ContractBase):
         store = h.create(ops=ops)
         store.commit([_user("kept")])
         before = store.load()
-        for name in ("fsync", "fdatasync"):
+        for name in ("fsync", "fdatasync", "syncfs"):
             ops.fail(name)
         syncs = ops.syncs()
         with pytest.raises(StorePoisonedError):
