@@ -151,7 +151,9 @@ class SyncfsFile(AsyncJsonlFile):
     on the loop and made durable by its filesystem's shared syncfs rounds."""
 
     group: FilesystemSync | None = None
-    _leave: weakref.finalize | None = None  # leaves the group once: at close, or if dropped unclosed
+    _leave: weakref.finalize[[], SyncfsFile] | None = (
+        None  # leaves the group once: at close, or if dropped unclosed
+    )
 
     @classmethod
     async def open(
