@@ -11,8 +11,8 @@ CLASSES = ("process", "power", "replicated")
 ABOVE = {
     "b": "commits queued at once share one write and one sync (group commit), which the ceiling "
     "(one sync per line) does not",
-    "c": "a repository puts the commits of many sessions in one transaction (one sync), and ext4 "
-    "merges concurrent syncs of different files",
+    "c": "jsonl-syncfs covers the commits of many sessions with one syncfs, a repository puts them "
+    "in one transaction (one sync), and ext4 merges concurrent syncs of different files",
 }
 
 

@@ -4,7 +4,8 @@
   N = 1 is one session with one committer. `facts` facts a transaction.
 * `committers_job`: one session, many asyncio tasks committing at once (async stores).
 * `ceiling_job`: what the machine allows for the same shape: N threads each appending 500-byte
-  lines to a file of its own, with `fdatasync` after each (power) or without (process).
+  lines to a file of its own, with `fdatasync` (or `syncfs`, for the rows syncing that way) after
+  each (power) or without (process).
 * `repository_job`: N sessions of one repository (a SQLite file, a PostgreSQL database) through
   its async twin, whose writer thread puts the commits queued meanwhile in one transaction.
 * `load_job`, `listing_job`: reading a session back; `list` and `unfinished` over many sessions.
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import sessionlog
+from sessionlog.backends.jsonl_file import DEFAULT_OPS
 from sessionlog.core import facts as F
 
 from .measure import Job, timed
@@ -167,9 +169,16 @@ def committers_job(scratch: Scratch, backend: str, committers: int, commits: int
     return run
 
 
-def ceiling_job(scratch: Scratch, sessions: int, commits: int, sync: bool) -> Job:
-    """N threads each writing 500-byte lines to its own file (and fdatasync after each)."""
+CEILINGS = ("os.write", "write+fdatasync", "write+syncfs")
+
+
+def ceiling_job(scratch: Scratch, sessions: int, commits: int, how: str) -> Job:
+    """N threads each writing 500-byte lines to its own file, `how` one of CEILINGS (the sync, if
+    any, after each line)."""
+    if how not in CEILINGS:
+        raise ValueError(f"a ceiling is one of {CEILINGS}, not {how!r}")
     line = b"x" * 499 + b"\n"
+    sync = {"os.write": None, "write+fdatasync": os.fdatasync, "write+syncfs": DEFAULT_OPS.syncfs}[how]
 
     def run() -> tuple[int, float, list[float]]:
         folder = scratch.fresh()
@@ -180,8 +189,8 @@ def ceiling_job(scratch: Scratch, sessions: int, commits: int, sync: bool) -> Jo
 
         def write(session: int, index: int) -> None:
             os.write(fds[session], line)
-            if sync:
-                os.fdatasync(fds[session])
+            if sync is not None:
+                sync(fds[session])
 
         try:
             return in_threads(sessions, commits, write)
