@@ -249,3 +249,8 @@ def test_a_directory_repository_commits_through_jsonl_syncfs(tmp_path: Path) -> 
     ids = run(main)
     with sessionlog.repository(tmp_path) as repo:
         assert [repo.load(session_id).last_seq for session_id in ids] == [1] * 8
+
+
+def test_a_sync_directory_repository_points_to_the_async_one(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="repository_async"):
+        sessionlog.repository(tmp_path, backend="jsonl-syncfs")

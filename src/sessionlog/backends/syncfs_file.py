@@ -151,9 +151,8 @@ class SyncfsFile(AsyncJsonlFile):
     on the loop and made durable by its filesystem's shared syncfs rounds."""
 
     group: FilesystemSync | None = None
-    _leave: weakref.finalize[[], SyncfsFile] | None = (
-        None  # leaves the group once: at close, or if dropped unclosed
-    )
+    # Leaves the group once: at close, or when the object is dropped unclosed.
+    _leave: weakref.finalize[[], SyncfsFile] | None = None
 
     @classmethod
     async def open(

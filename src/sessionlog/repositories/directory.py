@@ -49,7 +49,10 @@ class DirectoryRepository(RepositoryBase):
         self.registry = registry if registry is not None else default_registry()
         info = self.registry.info(backend)
         if not info.plain_file or info.api != "sync":
-            raise ValueError(f"a directory repository needs a sync file backend, not {backend!r}")
+            raise ValueError(
+                f"a directory repository needs a sync file backend, not {backend!r} (an async file "
+                "backend such as jsonl-syncfs goes to sessionlog.repository_async)"
+            )
         self.backend = backend
         self.rule = info.nul_rule()
         self.directory = Path(directory)
