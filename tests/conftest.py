@@ -37,7 +37,7 @@ def shared_manifest(folder: Path) -> list[dict[str, Any]]:
 
 # -- shared by the async tests -------------------------------------------------------------------
 
-ASYNC_BACKENDS = ("jsonl-async", "jsonl-group")
+ASYNC_BACKENDS = ("jsonl-async", "jsonl-group", "jsonl-syncfs")
 HEADER: dict[str, Any] = {
     "provider": "openrouter",
     "model": "test/model",
