@@ -291,7 +291,9 @@ def test_a_nul_bearing_last_line_is_torn_for_the_power_class_only(cli: Any, tmp_
     good = path.read_bytes()
     hole = -len(good) % 512 or 512  # sectors that never arrived before power loss
     path.write_bytes(good + b"\0" * hole + b"\n")
-    assert cli("verify", path).code == 1
+    refused = cli("verify", path)
+    assert refused.code == 1
+    assert "jsonl-syncfs wrote it, read it with --backend" in refused.out + refused.err  # the hint
     run = cli("verify", path, "--backend", "jsonl-fsync")
     assert run.code == 0, run.err
     assert f"torn tail of {hole + 1} bytes" in run.out

@@ -94,7 +94,7 @@ def reduce_session(path: str, data: bytes, mode: str, power: dict[str, Any]) -> 
                 error.line,
                 error.seq,
                 f"{error.detail}; NUL bytes there are what a power loss leaves in a power-class log: if "
-                "jsonl-fsync or jsonl-group wrote it, read it with --backend jsonl-fsync (or jsonl-group)",
+                "jsonl-fsync, jsonl-group or jsonl-syncfs wrote it, read it with --backend and that name",
                 offset=error.offset,
                 path=error.path,
             ) from None
