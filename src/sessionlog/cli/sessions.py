@@ -94,7 +94,8 @@ def reduce_session(path: str, data: bytes, mode: str, power: dict[str, Any]) -> 
                 error.line,
                 error.seq,
                 f"{error.detail}; NUL bytes there are what a power loss leaves in a power-class log: if "
-                "jsonl-fsync, jsonl-group or jsonl-syncfs wrote it, read it with --backend and that name",
+                "jsonl-fsync, jsonl-group or jsonl-syncfs wrote it, read it with --backend jsonl-fsync "
+                "(they read alike)",
                 offset=error.offset,
                 path=error.path,
             ) from None
