@@ -96,9 +96,9 @@ def test_byte_prefix_classes_stand_for_every_byte_prefix(tmp_path: Path) -> None
     """The enumeration reduces two members of each class of byte prefixes with equal committed
     part; here every member of every class at every crash point is reduced, and agrees."""
     trace = record_trace("jsonl-fsync", 3, tmp_path)
-    from sessionlog.testing import powerloss
+    from sessionlog.testing import disk_model
 
-    model = powerloss._Model()
+    model = disk_model._Model()
     checked = 0
     for op in trace.ops:
         model.apply(op)
