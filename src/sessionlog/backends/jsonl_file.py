@@ -445,16 +445,14 @@ _libc: Any = None
 
 
 def _syncfs(fd: int) -> None:
+    import ctypes  # loaded by jsonl-syncfs users only
+
     global _libc
     if _libc is None:
-        import ctypes
-
         _libc = ctypes.CDLL(None, use_errno=True)
     if not hasattr(_libc, "syncfs"):
         raise OSError(errno.ENOSYS, "this C library has no syncfs(2)")
     if _libc.syncfs(fd) != 0:
-        import ctypes
-
         code = ctypes.get_errno()
         raise OSError(code, f"syncfs: {os.strerror(code)}")
 

@@ -136,12 +136,15 @@ def run(
                     shapes.peer_job(scratch, peer, 1, plan.commits(peer.durability, "sync")),
                     {"durability": peer.durability, "kind": "peer", "ceiling": _ceiling(peer.durability, 1)},
                 )
+            kinds = ["write+fdatasync", "os.write"]
+            if SYNCS_THE_FILESYSTEM & set(names):
+                kinds.insert(1, "write+syncfs")
             ceilings = {
-                how: shapes.ceiling_job(scratch, 1, plan.commits("power", "sync"), how)
-                for how in ("write+fdatasync", "write+syncfs")
-                if how == "write+fdatasync" or any(_ceiling("power", 1, name) == how for name in names)
+                kind: shapes.ceiling_job(
+                    scratch, 1, plan.commits("process" if kind == "os.write" else "power", "sync"), kind
+                )
+                for kind in kinds
             }
-            ceilings["os.write"] = shapes.ceiling_job(scratch, 1, plan.commits("process", "sync"), "os.write")
             measure(f"a: 1 session, 1 committer, {facts} fact{'s' if facts > 1 else ''}", jobs, ceilings)
         # (b) one session, 64 committers
         async_names = [name for name in names if infos[name].api == "async"]
