@@ -31,6 +31,7 @@ INFO = BackendInfo(
     "JSONL file, group commit across sessions: one syncfs a round for every session of the filesystem",
     group_commit=True,
     plain_file=True,
+    syncs_filesystem=True,
 )
 
 

@@ -126,7 +126,7 @@ def run(
             for name in names:
                 info = infos[name]
                 commits = plan.commits(info.durability, info.api)
-                ceiling = _ceiling(info.durability, 1, name)
+                ceiling = _ceiling(info.durability, 1, info.syncs_filesystem)
                 jobs[name] = (
                     shapes.sessions_job(scratch, name, 1, commits, facts),
                     {"durability": info.durability, "api": info.api, "ceiling": ceiling},
@@ -137,7 +137,7 @@ def run(
                     {"durability": peer.durability, "kind": "peer", "ceiling": _ceiling(peer.durability, 1)},
                 )
             kinds = ["write+fdatasync", "os.write"]
-            if SYNCS_THE_FILESYSTEM & set(names):
+            if any(infos[name].syncs_filesystem for name in names):
                 kinds.insert(1, "write+syncfs")
             ceilings = {
                 kind: shapes.ceiling_job(
@@ -294,16 +294,13 @@ def run(
     }
 
 
-SYNCS_THE_FILESYSTEM = {"jsonl-syncfs"}  # one syncfs makes a commit durable, not an fdatasync
-
-
-def _ceiling(durability: str, sessions: int, backend: str = "") -> str:
+def _ceiling(durability: str, sessions: int, syncs_filesystem: bool = False) -> str:
     """The name of the ceiling a row of `durability` with `sessions` writers is measured against:
     one session's is the bare form of its own sync; many sessions' is always N threads each
     writing and fdatasyncing its own file (what a writer per session would reach)."""
     if durability == "process":
         kind = "os.write"
-    elif sessions == 1 and backend in SYNCS_THE_FILESYSTEM:
+    elif sessions == 1 and syncs_filesystem:
         kind = "write+syncfs"
     else:
         kind = "write+fdatasync"
