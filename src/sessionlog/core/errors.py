@@ -187,3 +187,23 @@ class SessionNotFoundError(SessionLogError, FileNotFoundError):
 
 class SessionPathError(SessionLogError, OSError):
     """The path cannot hold a session: a symlink, a directory, not a regular file, or unreadable."""
+
+
+class RepositoryNotFoundError(SessionLogError, FileNotFoundError):
+    """No repository exists at that location, and the caller asked for an existing one
+    (`create=False`, as every read-only command does): nothing was created."""
+
+
+class RepositoryError(SessionLogError):
+    """The database or filesystem under a repository failed an operation (a dropped connection,
+    a full disk, a damaged file). `operation` names what was asked (`list`, `open`, ...),
+    `session_id` the session when there is one, `location` the repository without its password.
+    The driver's own error is the `__cause__`; the message never holds credentials."""
+
+    def __init__(self, operation: str, location: str, problem: str, session_id: str | None = None) -> None:
+        self.operation = operation
+        self.location = location
+        self.problem = problem
+        self.session_id = session_id
+        where = f" of session {session_id}" if session_id else ""
+        super().__init__(f"{operation}{where} in {location} failed: {problem}")

@@ -1,0 +1,46 @@
+"""A repository's location as it may be shown: in messages, reprs, the CLI's output, logs.
+
+A PostgreSQL location holds a password in one of three shapes, and a message may meet any of
+them, well-formed or not: a URL's userinfo (`postgresql://user:PW@host/db`, also when the rest
+of the URL is malformed, as `postgresql://u:PW@[host`), a URL's query (`?password=PW`), or a
+keyword DSN (`host=h password=PW`, `password='P W'`). `masked` replaces each with `***` without
+parsing the location the way libpq would (a parser that gives up on a malformed URL is exactly
+how a password got printed): it works on the text, and masks too much rather than too little.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote
+
+_KEYWORD = re.compile(r"""(password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&#]+)""", re.IGNORECASE)
+
+
+def masked(location: str) -> str:
+    """`location` with every password replaced by `***`; the rest unchanged."""
+    text = _KEYWORD.sub(r"\1***", location)
+    scheme, separator, rest = text.partition("://")
+    if separator and "@" in rest:
+        at = rest.rfind("@")  # a password may hold '@' unencoded: the last one ends the userinfo
+        user, colon, _ = rest[:at].partition(":")
+        if colon:
+            rest = f"{user}:***{rest[at:]}"
+    return f"{scheme}{separator}{rest}"
+
+
+def mask_in(text: str, location: str) -> str:
+    """`text` (a driver's message, say) with the location's password, in whatever shape it
+    appears there, replaced by `***`, and every password-shaped part of `text` masked too."""
+    secrets = set()
+    for found in _KEYWORD.finditer(location):
+        value = found.group(2).strip("'")
+        if value:
+            secrets.add(value)
+    _, separator, rest = location.partition("://")
+    if separator and "@" in rest:
+        _, colon, password = rest[: rest.rfind("@")].partition(":")
+        if colon and password:
+            secrets |= {password, unquote(password)}
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return masked(text)
