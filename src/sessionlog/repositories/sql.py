@@ -10,17 +10,24 @@ its schema). `held` is the SQL expression of a session row's live writer, or NUL
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import socket
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from ..backends.jsonl_file import process_alive
-from ..core.errors import SessionChangedError, SessionExistsError, SessionLockedError, SessionNotFoundError
+from ..core.errors import (
+    SessionChangedError,
+    SessionExistsError,
+    SessionLockedError,
+    SessionLogError,
+    SessionNotFoundError,
+)
 from ..core.ids import new_id
 from ..core.loading import reduce_bytes
 from ..core.reducer import is_uuid7
@@ -116,6 +123,26 @@ class SQLRepository(RepositoryBase):
     def close(self) -> None:
         raise NotImplementedError
 
+    def typed_error(self, error: Exception, operation: str, session_id: str | None) -> SessionLogError | None:
+        """The typed error a driver's `error` during `operation` is (a RepositoryError naming
+        the operation and the session, say), or None for one that is not the driver's (a
+        ValueError of the caller's input): it is raised unchanged."""
+        return None
+
+    @contextlib.contextmanager
+    def failing_as(self, operation: str, session_id: str | None = None) -> Iterator[None]:
+        """Run one public operation: a SessionLogError passes as it is, a driver's error leaves
+        as the typed error `typed_error` makes of it (the driver's as its `__cause__`)."""
+        try:
+            yield
+        except SessionLogError:
+            raise
+        except Exception as error:
+            typed = self.typed_error(error, operation, session_id)
+            if typed is None:
+                raise
+            raise typed from error
+
     def __enter__(self) -> Any:
         return self
 
@@ -138,7 +165,8 @@ class SQLRepository(RepositoryBase):
     def create(self, **header: Any) -> SessionStore:
         """A new session (`provider`, `model`, `cwd`, `environment_identity`, `labels`), open for
         writing."""
-        return self.open(self.create_row(**header))
+        with self.failing_as("create"):
+            return self.open(self.create_row(**header))
 
     def store_path(self, session_id: str) -> Path:
         """What a store of this session calls itself in messages: `DATABASE#SESSION_ID`."""
@@ -199,57 +227,67 @@ class SQLRepository(RepositoryBase):
 
     def read(self, session_id: str, connection: Any = None) -> bytes:
         """Every stored byte of a session (its lines, joined)."""
-        if connection is None:
-            with self.reading() as reader:
-                return self.read(session_id, reader)
-        rows = connection.execute(self.sql["lines"], (self._id(session_id),)).fetchall()
-        if not rows and not connection.execute(self.sql["exists"], (session_id,)).fetchone():
-            raise self._missing(session_id)
-        return b"".join(row[0] for row in rows)
+        with self.failing_as("read", session_id):
+            if connection is None:
+                with self.reading() as reader:
+                    return self.read(session_id, reader)
+            rows = connection.execute(self.sql["lines"], (self._id(session_id),)).fetchall()
+            if not rows and not connection.execute(self.sql["exists"], (session_id,)).fetchone():
+                raise self._missing(session_id)
+            return b"".join(row[0] for row in rows)
 
     def load(self, session_id: str) -> SessionState:
-        return reduce_bytes(self.read(session_id), **self.info.nul_rule())
+        with self.failing_as("load", session_id):
+            return reduce_bytes(self.read(session_id), **self.info.nul_rule())
 
     def export(self, session_id: str) -> bytes:
-        return self.read(session_id)
+        with self.failing_as("export", session_id):
+            return self.read(session_id)
 
     def import_(self, data: bytes, *, labels: Iterable[str] = ()) -> str:
-        state = reduce_bytes(data)
-        if state.repaired_length != len(data):
-            raise ValueError("an imported session ends with its last LF (this one has a torn tail)")
-        self._insert(state.session_id, data.splitlines(keepends=True), checked_labels(labels))
-        return state.session_id
+        with self.failing_as("import"):
+            state = reduce_bytes(data)
+            if state.repaired_length != len(data):
+                raise ValueError("an imported session ends with its last LF (this one has a torn tail)")
+            self._insert(state.session_id, data.splitlines(keepends=True), checked_labels(labels))
+            return state.session_id
 
     def fork(self, session_id: str, at_seq: int) -> str:
-        forked, data = fork_bytes(self.read(session_id), session_id, at_seq)
-        self._insert(forked, data.splitlines(keepends=True), [])
-        return forked
+        with self.failing_as("fork", session_id):
+            forked, data = fork_bytes(self.read(session_id), session_id, at_seq)
+            self._insert(forked, data.splitlines(keepends=True), [])
+            return forked
 
     def delete(self, session_id: str) -> None:
         """The session's lines and summary row, in one transaction (refused while held)."""
-        session_id = self._id(session_id)
-        with self.transaction() as connection:
-            row = connection.execute(self.sql["holder"], (session_id,)).fetchone()
-            if row is None:
-                raise self._missing(session_id)
-            if self.holds(row[0], session_id):
-                raise SessionLockedError(f"session {session_id} is held by {row[0]}; nothing was deleted")
-            connection.execute(self.sql["delete"], (session_id,))  # its lines cascade
+        with self.failing_as("delete", session_id):
+            session_id = self._id(session_id)
+            with self.transaction() as connection:
+                row = connection.execute(self.sql["holder"], (session_id,)).fetchone()
+                if row is None:
+                    raise self._missing(session_id)
+                if self.holds(row[0], session_id):
+                    raise SessionLockedError(f"session {session_id} is held by {row[0]}; nothing was deleted")
+                connection.execute(self.sql["delete"], (session_id,))  # its lines cascade
 
     def label(self, session_id: str, labels: Iterable[str]) -> None:
-        with self.transaction() as connection:
-            changed = connection.execute(
-                self.sql["label"], (json.dumps(checked_labels(labels)), self._id(session_id))
-            ).rowcount
-        if not changed:
-            raise self._missing(session_id)
+        with self.failing_as("label", session_id):
+            with self.transaction() as connection:
+                changed = connection.execute(
+                    self.sql["label"], (json.dumps(checked_labels(labels)), self._id(session_id))
+                ).rowcount
+            if not changed:
+                raise self._missing(session_id)
 
     # -- many sessions ---------------------------------------------------------------------------
 
     def list(self, **filters: Any) -> builtins.list[SessionInfo]:
         """From the summary rows alone, newest first in SQL (an index on the last write): a page
         reads about as many rows as it shows, whatever the repository's size."""
-        wanted = Filters(**filters)
+        with self.failing_as("list"):
+            return self._list(Filters(**filters))
+
+    def _list(self, wanted: Filters) -> builtins.list[SessionInfo]:
         clauses: builtins.list[str] = []
         values: builtins.list[Any] = []
         if wanted.updated_before is not None:
@@ -280,8 +318,10 @@ class SQLRepository(RepositoryBase):
         return Candidate(fields, tuple(json.loads(labels)), lambda: self.holds(holder, session_id))
 
     def latest(self, **filters: Any) -> SessionInfo | None:
-        found = self.list(**{**filters, "limit": 1})
-        return found[0] if found else None
+        with self.failing_as("latest"):
+            found = self.list(**{**filters, "limit": 1})
+            return found[0] if found else None
 
     def unfinished(self) -> builtins.list[SessionInfo]:
-        return self.list(status="needs-recovery", limit=None)
+        with self.failing_as("unfinished"):
+            return self.list(status="needs-recovery", limit=None)

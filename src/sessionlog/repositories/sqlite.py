@@ -32,7 +32,9 @@ from typing import Any, Literal
 
 from ..backends.sqlite import INFOS
 from ..core.errors import (
+    RepositoryError,
     SessionLockedError,
+    SessionLogError,
     SessionPathError,
 )
 from ..core.store import SessionStore
@@ -192,13 +194,27 @@ class SQLiteRepository(SQLRepository):
 
     def open(self, session_id: str) -> SessionStore:
         """The session for writing; SessionLockedError while a live writer holds it."""
-        connection = self.connect()
-        try:
-            backend = SQLiteSession(self, connection, session_id, self.claim(session_id, connection))
-        except BaseException:
-            connection.close()
-            raise
-        return SessionStore.open_backend(backend, self.store_path(session_id), self.info)
+        with self.failing_as("open", session_id):
+            connection = self.connect()
+            try:
+                backend = SQLiteSession(self, connection, session_id, self.claim(session_id, connection))
+            except BaseException:
+                connection.close()
+                raise
+            return SessionStore.open_backend(backend, self.store_path(session_id), self.info)
+
+    def typed_error(self, error: Exception, operation: str, session_id: str | None) -> SessionLogError | None:
+        """A sqlite3 error as SessionPathError when it is the file's (a full disk, a read-only or
+        unreadable file, an I/O error: the OSError it is), else as RepositoryError."""
+        if not isinstance(error, sqlite3.Error):
+            return None
+        code = getattr(error, "sqlite_errorcode", None)
+        if code is not None and code & 0xFF in _ERRNO:
+            where = f" of session {session_id}" if session_id else ""
+            return SessionPathError(
+                _ERRNO[code & 0xFF], f"{operation}{where} in {self.path} failed: {error}", str(self.path)
+            )
+        return RepositoryError(operation, str(self.path), str(error), session_id)
 
     def claim(self, session_id: str, connection: sqlite3.Connection | None = None) -> int:
         """Hold the session for a writer (SessionLockedError while a live writer holds it); the
@@ -241,6 +257,7 @@ _ERRNO = {
     sqlite3.SQLITE_READONLY: errno.EROFS,
     sqlite3.SQLITE_PERM: errno.EACCES,
     sqlite3.SQLITE_CANTOPEN: errno.ENOENT,
+    sqlite3.SQLITE_IOERR: errno.EIO,
 }
 
 
