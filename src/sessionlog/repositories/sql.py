@@ -27,6 +27,7 @@ from ..core.errors import (
     SessionLockedError,
     SessionLogError,
     SessionNotFoundError,
+    shown,
 )
 from ..core.ids import new_id
 from ..core.loading import reduce_bytes
@@ -45,8 +46,10 @@ SQL = {
     "summary, labels, idle) values (?, ?, ?, ?, ?, ?, ?, ?)",
     "lines": "select line from {s}lines where session_id = ? order by line_no",
     "exists": "select 1 from {s}sessions where session_id = ?",
-    "holder": "select {held} from {s}sessions where session_id = ?",
-    "delete": "delete from {s}sessions where session_id = ?",
+    "holder": "select {held}, writer_epoch, head_line from {s}sessions where session_id = ?",
+    # the row as checked: a writer that opened (a new epoch) or committed (a new head) since the
+    # check keeps it, and what it was acknowledged stays
+    "delete": "delete from {s}sessions where session_id = ? and writer_epoch = ? and head_line = ?",
     "label": "update {s}sessions set labels = ? where session_id = ?",
     "list": "select session_id, created_at, updated_at, head_line, head_bytes, summary, labels, {held} "
     "from {s}sessions {where} order by updated_at desc, session_id desc",
@@ -59,6 +62,21 @@ def gone(holder: str) -> bool:
     host, _, rest = holder.partition(":")
     pid = rest.partition(":")[0]
     return host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid))
+
+
+def lf_lines(data: bytes) -> builtins.list[bytes]:
+    """The lines of `data` (which ends with LF), each with its LF: split at LF only (a lone CR is
+    JSON whitespace inside a line, and `splitlines` would split there)."""
+    return [line + b"\n" for line in data.split(b"\n")[:-1]]
+
+
+# SQL's integers are 64-bit: a filter beyond them is clamped to the range, where it selects the
+# same rows (no time of a session is near either end), so sqlite3 never sees an int it cannot bind.
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def int64(value: int) -> int:
+    return min(max(int(value), _INT64[0]), _INT64[1])
 
 
 def statements(prefix: str = "", placeholder: str = "?", held: str = "writer") -> dict[str, str]:
@@ -154,7 +172,7 @@ class SQLRepository(RepositoryBase):
 
     def _id(self, session_id: str) -> str:
         if not is_uuid7(session_id):
-            raise ValueError(f"not a session id (a UUIDv7): {session_id!r:.60}")
+            raise ValueError(f"not a session id (a UUIDv7): {shown(session_id)}")
         return session_id
 
     def _missing(self, session_id: str) -> SessionNotFoundError:
@@ -249,13 +267,13 @@ class SQLRepository(RepositoryBase):
             state = reduce_bytes(data)
             if state.repaired_length != len(data):
                 raise ValueError("an imported session ends with its last LF (this one has a torn tail)")
-            self._insert(state.session_id, data.splitlines(keepends=True), checked_labels(labels))
+            self._insert(state.session_id, lf_lines(data), checked_labels(labels))
             return state.session_id
 
     def fork(self, session_id: str, at_seq: int) -> str:
         with self.failing_as("fork", session_id):
             forked, data = fork_bytes(self.read(session_id), session_id, at_seq)
-            self._insert(forked, data.splitlines(keepends=True), [])
+            self._insert(forked, lf_lines(data), [])
             return forked
 
     def delete(self, session_id: str) -> None:
@@ -268,7 +286,11 @@ class SQLRepository(RepositoryBase):
                     raise self._missing(session_id)
                 if self.holds(row[0], session_id):
                     raise SessionLockedError(f"session {session_id} is held by {row[0]}; nothing was deleted")
-                connection.execute(self.sql["delete"], (session_id,))  # its lines cascade
+                if not connection.execute(self.sql["delete"], (session_id, row[1], row[2])).rowcount:
+                    raise SessionLockedError(
+                        f"session {session_id} was opened or written while it was being deleted; "
+                        "nothing was deleted"
+                    )
 
     def label(self, session_id: str, labels: Iterable[str]) -> None:
         with self.failing_as("label", session_id):
@@ -292,14 +314,14 @@ class SQLRepository(RepositoryBase):
         values: builtins.list[Any] = []
         if wanted.updated_before is not None:
             clauses.append("updated_at < ?")
-            values.append(wanted.updated_before)
+            values.append(int64(wanted.updated_before))
         if wanted.updated_after is not None:
             clauses.append("updated_at > ?")
-            values.append(wanted.updated_after)
+            values.append(int64(wanted.updated_after))
         if wanted.cursor is not None:
             updated, _, session_id = wanted.cursor.partition(":")
             clauses.append("(updated_at < ? or (updated_at = ? and session_id < ?))")
-            values += [int(updated), int(updated), session_id]
+            values += [int64(int(updated)), int64(int(updated)), session_id]
         statuses = {wanted.status} if isinstance(wanted.status, str) else set(wanted.status or ())
         if statuses and "corrupt" not in statuses and ("idle" in statuses) != bool(statuses - {"idle"}):
             clauses.append("idle = ?")  # only idle, or only unfinished (an index of these)
@@ -307,7 +329,7 @@ class SQLRepository(RepositoryBase):
         where = f"where {' and '.join(clauses)}" if clauses else ""
         query = self.sql["list"].replace("{where}", where.replace("?", self.placeholder))
         if wanted.limit is not None and not wanted.labels and statuses <= {"idle"}:
-            query += f" limit {int(wanted.limit)}"  # every filter is in SQL: a page is its rows
+            query += f" limit {int64(wanted.limit)}"  # every filter is in SQL: a page is its rows
         with self.reading() as connection:  # rows are made into infos only as the page needs
             return page(map(self._candidate, connection.execute(query, values)), wanted)
 
