@@ -38,6 +38,7 @@ import errno
 import os
 import secrets
 import socket
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
@@ -50,6 +51,7 @@ from ..core.errors import (
     SessionPathError,
 )
 from ..core.store import BackendInfo, SessionStore
+from .leases import Heartbeat, Key
 from .rows import SessionRows
 from .sql import SQLRepository, gone, statements
 
@@ -98,6 +100,9 @@ ASYNC_INFOS = {
     ),
 }
 _LIVE_WRITER = "case when writer is not null and lease_expires_at > now() then writer end"
+# The holds of one writer, as two arrays (session ids, epochs), and its rows among the sessions.
+_HELD = "unnest(%s::text[], %s::bigint[]) as h (session_id, epoch)"
+_MINE = "s.session_id = h.session_id and s.writer_epoch = h.epoch and s.writer = %s"
 
 
 def _import_psycopg() -> Any:
@@ -139,6 +144,7 @@ class PostgresRepository(SQLRepository):
             raise ValueError(f"lease_seconds is a number of seconds, not {lease_seconds!r}")
         self.info, self.async_info = INFOS[durability], ASYNC_INFOS[durability]
         self.lease = f"interval '{float(lease_seconds)} seconds'"
+        self.lease_seconds = float(lease_seconds)
         self.sql = statements("sessionlog.", "%s", _LIVE_WRITER)
         # A commit is one statement: the fenced update and the insert, one round trip and, in
         # autocommit, its own transaction; it inserts nothing when the update matched no row.
@@ -155,6 +161,16 @@ class PostgresRepository(SQLRepository):
             "append_one": append + "%s::integer, %s::bytea from updated",  # no arrays to adapt
             "release": "update sessionlog.sessions set writer = null, lease_expires_at = null "
             "where session_id = %s and writer_epoch = %s",
+            "release_all": "update sessionlog.sessions s set writer = null, lease_expires_at = null "
+            f"from {_HELD} where {_MINE}",
+            # The heartbeat: rows locked by another transaction are skipped (not waited on, so one
+            # locked row delays no other renewal), and a lease that ran out is not renewed.
+            "renew": f"with held as (select s.session_id from sessionlog.sessions s, {_HELD} where {_MINE} "
+            "and s.lease_expires_at > now() for update of s skip locked) "
+            f"update sessionlog.sessions s set lease_expires_at = now() + {self.lease} from held "
+            "where s.session_id = held.session_id returning s.session_id, s.writer_epoch",
+            "lost": f"select h.session_id, h.epoch from {_HELD} where not exists (select 1 from "
+            f"sessionlog.sessions s where {_MINE} and s.lease_expires_at > now())",
         }
         self.me = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.psycopg = psycopg
@@ -164,6 +180,7 @@ class PostgresRepository(SQLRepository):
                 self.path = _display(connection.info)
         else:
             self.path = self._own_pool(str(location), max_connections)
+        self.heartbeat = Heartbeat(self._renew, self.lease_seconds, self.path)
         try:
             with self.pool.connection() as connection:
                 self._check_class(connection, durability)
@@ -267,8 +284,52 @@ class PostgresRepository(SQLRepository):
             open_connection.execute("insert into sessionlog.schema_version values (%s)", (len(STEPS),))
 
     def close(self) -> None:
+        """Stop renewing leases and release the sessions still held (their stores are refused
+        from now on, so waiting out their leases would only delay a recovery worker); close the
+        pool if it is this repository's."""
+        heartbeat = getattr(self, "heartbeat", None)
+        held = heartbeat.close() if heartbeat is not None else []
+        if held and self.pool is not None and not self.pool.closed:
+            with contextlib.suppress(Exception), self.pool.connection() as connection:
+                connection.execute(self.row_sql["release_all"], (*_columns(held), self.me))
         if self.owns_pool and self.pool is not None:
             self.pool.close()  # a pool the caller passed stays the caller's, open
+
+    @property
+    def closed(self) -> bool:
+        return self.pool is None or bool(self.pool.closed)
+
+    # -- leases ----------------------------------------------------------------------------------
+
+    def _renew(self, keys: list[Key]) -> tuple[set[Key], set[Key]]:
+        """The heartbeat's round trip: renew the leases of `keys` still this writer's, skipping
+        rows another transaction has locked; which were renewed, which are lost."""
+        with self.pool.connection() as connection:
+            kept = {
+                (row[0], int(row[1]))
+                for row in connection.execute(self.row_sql["renew"], (*_columns(keys), self.me))
+            }
+            rest = [key for key in keys if key not in kept]
+            lost = set()
+            if rest:
+                lost = {
+                    (row[0], int(row[1]))
+                    for row in connection.execute(self.row_sql["lost"], (*_columns(rest), self.me))
+                }
+        return kept, lost
+
+    def _held_from(self, session_id: str, epoch: int, since: float) -> int:
+        self.heartbeat.hold((session_id, epoch), since)
+        return epoch
+
+    def forget_hold(self, session_id: str, epoch: int) -> None:
+        self.heartbeat.forget((session_id, epoch))
+
+    def check_hold(self, rows: SessionRows) -> None:
+        """SessionChangedError, before anything is sent, unless this writer still holds the
+        session with a running lease (`leases`)."""
+        if rows.epoch:
+            self.heartbeat.check((rows.session_id, rows.epoch))
 
     # -- connections and transactions ------------------------------------------------------------
 
@@ -324,6 +385,8 @@ class PostgresRepository(SQLRepository):
     def commit_alone(self, rows: SessionRows, lines: Sequence[bytes]) -> None:
         """One session's commit: its one `append` statement on an autocommit connection (its
         own transaction, one round trip), else inside a transaction."""
+        self.check_hold(rows)
+        since = time.monotonic()
         with self.pool.connection() as connection:
             if not connection.autocommit:  # a pool the caller configured otherwise
                 with self.transaction(connection) as open_connection:
@@ -332,24 +395,35 @@ class PostgresRepository(SQLRepository):
                 with self._committing(connection, "the commit's statement"):
                     written = rows.write(connection, lines)
         rows.advance(written)
+        self.heartbeat.renewed((rows.session_id, rows.epoch), since)
 
     def write_batch(self, connection: Any, batch: Sequence[tuple[SessionRows, Sequence[bytes]]]) -> list[Any]:
         """Every session's `append` sent at once (a pipeline: one round trip for the batch);
         the fenced ones inserted nothing and fail alone."""
+        refused: dict[int, SessionChangedError] = {}
+        for index, (rows, _) in enumerate(batch):
+            try:
+                self.check_hold(rows)  # a lost hold is refused before anything is sent
+            except SessionChangedError as error:
+                refused[index] = error
         prepared = [(rows, *rows.next(lines), lines) for rows, lines in batch]
         with connection.pipeline():
             cursors = [
-                connection.execute(
+                None
+                if index in refused
+                else connection.execute(
                     self.row_sql["append_one" if len(lines) == 1 else "append"],
                     rows.append_values(update, lines),
                 )
-                for rows, _, update, lines in prepared
+                for index, (rows, _, update, lines) in enumerate(prepared)
             ]
         outcomes: list[Any] = []
-        for (rows, written, _, _), cursor in zip(prepared, cursors, strict=True):
+        for index, ((rows, written, _, _), cursor) in enumerate(zip(prepared, cursors, strict=True)):
             try:
+                if cursor is None:
+                    raise refused[index]
                 rows.check(cursor.rowcount)
-                outcomes.append(written)
+                outcomes.append(written)  # the lease it renewed counts once committed: left to the heartbeat
             except SessionChangedError as error:
                 outcomes.append(error)
         return outcomes
@@ -381,6 +455,7 @@ class PostgresRepository(SQLRepository):
 
     def claim(self, session_id: str, connection: Any = None, *, take_over: bool = False) -> int:
         session_id = self._id(session_id)
+        since = time.monotonic()  # the lease is counted from before the statement was sent
         with self.transaction(connection) as open_connection:
             take = (
                 "update sessionlog.sessions set writer = %s, writer_epoch = writer_epoch + 1, "
@@ -406,35 +481,46 @@ class PostgresRepository(SQLRepository):
                     raise SessionLockedError(
                         f"session {session_id} in {self.path} is held by {holder[0]} ({lease})"
                     )
-        return int(row[0])
+        return self._held_from(session_id, int(row[0]), since)
 
     def holds(self, holder: Any, session_id: str) -> bool:
         """A writer whose lease runs, unless it was a process of this host that ended."""
         return holder is not None and not gone(holder)
 
     def claim_unfinished(self) -> SessionStore | None:
-        """One session that needs recovery (an open operation, the lease expired), opened for
-        writing; None when there is none. Two workers calling this never get the same one."""
+        """One session that needs recovery (an open operation, and its lease expired or its
+        writer a process of this host that ended, as `open` takes over), opened for writing;
+        None when there is none. Two workers calling this never get the same one: the candidates
+        are locked `FOR UPDATE SKIP LOCKED` while one is chosen and taken."""
+        since = time.monotonic()
         with self.transaction() as connection:
-            row = connection.execute(
-                "with candidate as (select session_id from sessionlog.sessions where not idle "
-                "and (writer is null or lease_expires_at <= now()) order by updated_at "
-                "limit 1 for update skip locked) "
-                "update sessionlog.sessions s set writer = %s, writer_epoch = s.writer_epoch + 1, "
-                f"lease_expires_at = now() + {self.lease} from candidate "
-                "where s.session_id = candidate.session_id returning s.session_id, s.writer_epoch",
-                (self.me,),
-            ).fetchone()
-        if row is None:
-            return None
-        backend = PostgresSession(self, row[0], int(row[1]))
-        return SessionStore.open_backend(backend, self.store_path(row[0]), self.info)
+            candidates = connection.execute(
+                "select session_id, writer, writer is null or lease_expires_at <= now() "
+                "from sessionlog.sessions where not idle and (writer is null or lease_expires_at <= now() "
+                "or split_part(writer, ':', 1) = %s) order by updated_at limit 64 for update skip locked",
+                (socket.gethostname(),),
+            ).fetchall()
+            chosen = next((row[0] for row in candidates if row[2] or gone(row[1])), None)
+            if chosen is None:
+                return None
+            epoch = connection.execute(
+                "update sessionlog.sessions set writer = %s, writer_epoch = writer_epoch + 1, "
+                f"lease_expires_at = now() + {self.lease} where session_id = %s returning writer_epoch",
+                (self.me, chosen),
+            ).fetchone()[0]
+        backend = PostgresSession(self, chosen, self._held_from(chosen, int(epoch), since))
+        return SessionStore.open_backend(backend, self.store_path(chosen), self.info)
 
 
 class PostgresSession(SessionRows):
     """One session as a sync store's backend: each commit one transaction on a pooled connection."""
 
     repository: PostgresRepository
+
+    def __init__(self, repository: PostgresRepository, session_id: str, epoch: int) -> None:
+        super().__init__(repository, session_id, epoch)
+        if epoch:
+            repository.heartbeat.attach((session_id, epoch), self)
 
     def read(self) -> bytes:
         with self.repository.reading() as connection:
@@ -451,6 +537,10 @@ class PostgresSession(SessionRows):
         if self.epoch:
             with contextlib.suppress(Exception), self.repository.reading() as connection:
                 self.release(connection)
+
+
+def _columns(keys: Sequence[Key]) -> tuple[list[str], list[int]]:
+    return [key[0] for key in keys], [key[1] for key in keys]
 
 
 def _display(info: Any) -> str:

@@ -1,0 +1,211 @@
+"""PostgreSQL under faults: a writer idle for many leases keeps its session (a heartbeat renews
+it), a writer that cannot renew or was stopped past its lease is fenced and typed, a dead writer
+of this host is claimed at once, dropped connections and restarts are survived, every driver
+error is typed, and no password is ever shown. Faults come from outside the code under test: a
+SIGSTOP, another connection's row lock, `pg_terminate_backend`, a server restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import sessionlog
+from sessionlog.core import facts as F
+from sessionlog.testing.postgres import PostgresServer
+
+HEADER: dict[str, Any] = {"provider": "openrouter", "model": "test/model", "cwd": "/w"}
+
+
+def sql(url: str, statement: str, *values: Any) -> list[tuple[Any, ...]]:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as connection:
+        cursor = connection.execute(statement, values or None)
+        return cursor.fetchall() if cursor.description else []
+
+
+def contents(repo: Any, session_id: str) -> list[Any]:
+    return [message["content"] for message in repo.load(session_id).transcript]
+
+
+# -- a heartbeat renews the lease of a writer that holds a session ----------------------------------
+
+
+def test_a_writer_idle_for_many_leases_keeps_its_session(postgres_server: PostgresServer) -> None:
+    """An agent waiting on one model call far longer than the lease is never taken over."""
+    url = postgres_server.new_database()
+    with sessionlog.repository(url, lease_seconds=1) as repo, sessionlog.repository(url) as recovery:
+        store = repo.create(**HEADER)
+        store.commit(F.accept_prompt("a long model call"))
+        session_id = store.load().session_id
+        time.sleep(4)  # four leases without a commit: the scenario, not a verdict
+        assert recovery.unfinished() == []
+        assert recovery.claim_unfinished() is None
+        with pytest.raises(sessionlog.SessionLockedError):
+            recovery.open(session_id)
+        store.commit([F.user_message("the answer")])
+        assert contents(recovery, session_id) == ["a long model call", "the answer"]
+        store.close()
+        assert [info.session_id for info in recovery.unfinished()] == [session_id]  # released
+
+
+def test_a_writer_whose_renewal_is_blocked_knows_before_its_commit(postgres_server: PostgresServer) -> None:
+    """Another transaction keeps the session's row locked, so no renewal reaches it: once the
+    lease ran out the writer refuses its next commit (typed, nothing sent) instead of waiting on
+    the lock or writing after a recovery worker may have taken over."""
+    import psycopg
+
+    url = postgres_server.new_database()
+    with sessionlog.repository(url, lease_seconds=1) as repo:
+        store = repo.create(**HEADER)
+        store.commit(F.accept_prompt("mine"))
+        session_id = store.load().session_id
+        nemesis = psycopg.connect(url)
+        outcome: list[BaseException | None] = []
+        try:
+            nemesis.execute(
+                "select 1 from sessionlog.sessions where session_id = %s for update", (session_id,)
+            )
+            time.sleep(2.5)  # past the lease, every renewal skipped the locked row
+
+            def commit() -> None:
+                try:
+                    store.commit([F.user_message("after the lease")])
+                    outcome.append(None)
+                except BaseException as error:
+                    outcome.append(error)
+
+            committer = threading.Thread(target=commit, daemon=True)
+            committer.start()
+            committer.join(60)  # a hang detector: a commit sent would wait on the row lock
+            assert outcome, "the commit waited on the row lock: it was sent after the lease ran out"
+        finally:
+            nemesis.rollback()
+            nemesis.close()
+        assert isinstance(outcome[0], sessionlog.StorePoisonedError), outcome
+        assert isinstance(outcome[0].__cause__, sessionlog.SessionChangedError)
+        assert "lease" in str(outcome[0])
+        assert contents(repo, session_id) == ["mine"]
+        store.close()
+
+
+_STOPPED = """
+import sys, sessionlog
+from sessionlog.core import facts as F
+url, session_id = sys.argv[1:3]
+repo = sessionlog.repository(url, lease_seconds=1)
+store = repo.open(session_id)
+print("open", flush=True)
+sys.stdin.readline()
+try:
+    store.commit([F.user_message("after the stop")])
+    print("committed", flush=True)
+except sessionlog.SessionLogError as error:
+    print(type(error).__name__, type(error.__cause__).__name__, flush=True)
+"""
+
+
+def test_a_writer_stopped_past_its_lease_is_claimed_and_fenced(postgres_server: PostgresServer) -> None:
+    """Fencing stays the backstop: a SIGSTOPped writer renews nothing; a recovery worker claims
+    the session; the writer, continued, is refused, typed, and wrote nothing."""
+    url = postgres_server.new_database()
+    with sessionlog.repository(url) as repo:
+        with repo.create(**HEADER) as store:
+            store.commit(F.accept_prompt("stopped"))
+            session_id = store.load().session_id
+        child = subprocess.Popen(
+            [sys.executable, "-c", _STOPPED, url, session_id],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdin is not None and child.stdout is not None
+        try:
+            assert child.stdout.readline().strip() == "open"
+            assert repo.claim_unfinished() is None  # its heartbeat runs
+            os.kill(child.pid, signal.SIGSTOP)
+            time.sleep(2.5)
+            claimed = repo.claim_unfinished()
+            assert claimed is not None and claimed.load().session_id == session_id
+            os.kill(child.pid, signal.SIGCONT)
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.stdout.readline().split() == ["StorePoisonedError", "SessionChangedError"]
+            claimed.commit([F.user_message("recovered")])
+            claimed.close()
+        finally:
+            os.kill(child.pid, signal.SIGCONT)
+            child.kill()
+            child.communicate()
+        assert contents(repo, session_id) == ["stopped", "recovered"]
+
+
+# -- a dead writer of this host is claimed at once ------------------------------------------------
+
+_DIES = """
+import os, sys, sessionlog
+from sessionlog.core import facts as F
+repo = sessionlog.repository(sys.argv[1])
+store = repo.open(sys.argv[2])
+store.commit([F.user_message("before dying")])
+os._exit(0)
+"""
+
+
+def test_claim_unfinished_takes_a_dead_writers_session_at_once(postgres_server: PostgresServer) -> None:
+    url = postgres_server.new_database()
+    with sessionlog.repository(url, lease_seconds=600) as repo:
+        with repo.create(**HEADER) as store:
+            store.commit(F.accept_prompt("crashed"))
+            session_id = store.load().session_id
+        subprocess.run([sys.executable, "-c", _DIES, url, session_id], check=True, timeout=60)
+        assert [info.session_id for info in repo.unfinished()] == [session_id]
+        claimed = repo.claim_unfinished()
+        assert claimed is not None and claimed.load().session_id == session_id
+        assert repo.claim_unfinished() is None  # taken: never twice
+        claimed.commit([F.user_message("recovered")])
+        claimed.close()
+        assert contents(repo, session_id) == ["crashed", "before dying", "recovered"]
+
+
+def test_two_workers_never_claim_the_same_dead_writers_session(postgres_server: PostgresServer) -> None:
+    url = postgres_server.new_database()
+    with sessionlog.repository(url, lease_seconds=600) as repo:
+        ids = []
+        for index in range(8):
+            with repo.create(**HEADER) as store:
+                store.commit(F.accept_prompt(f"crashed {index}"))
+                ids.append(store.load().session_id)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+
+    sql(
+        url,
+        "update sessionlog.sessions set writer = %s, lease_expires_at = now() + interval '10 minutes'",
+        f"{socket.gethostname()}:{int(dead.stdout)}:dead",
+    )
+    claimed: list[str] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        with sessionlog.repository(url) as mine:
+            while (store := mine.claim_unfinished()) is not None:
+                with lock:
+                    claimed.append(store.load().session_id)
+                time.sleep(0.01)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(claimed) == sorted(ids)
