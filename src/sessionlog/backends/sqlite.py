@@ -8,7 +8,7 @@ SQLite repository's database (`repositories.sqlite`), opened by path like a file
 A path is the database and, after `#`, a session id: without one it names the database's only
 session (`open`) or a database holding none yet (`create`); with one, `create` adds that session
 (its `session_id=` must be the same id). The rows, the single-writer rule and the fencing are the
-repository's: `sessionlog.repository("sqlite:///sessions.db")` lists and opens the same sessions.
+repository's: `sessionlog.repository("sqlite:///sessions.db")` (relative) lists and opens the same sessions.
 `sqlite` is the power class (WAL, `synchronous=FULL`), `sqlite-normal` the process class
 (`synchronous=NORMAL`). An async store's commits go through a writer thread of its own.
 """
@@ -80,7 +80,8 @@ def claimed(path: Path, create: bytes | None, durability: str, options: dict[str
     database, session_id = split(path)
     if create is None and not database.exists():
         raise SessionNotFoundError(errno.ENOENT, f"no SQLite database at {database}", str(database))
-    repository = SQLiteRepository(database, durability=durability)  # type: ignore[arg-type]
+    # Only `create` makes a database (or its schema): opening, above all read-only, changes nothing.
+    repository = SQLiteRepository(database, durability=durability, create=create is not None)  # type: ignore[arg-type]
     try:
         if create is not None:
             header_id = orjson.loads(create)["id"]

@@ -17,13 +17,21 @@ def open_directory(location: str, **options: Any) -> Any:
 
 
 def open_sqlite(location: str, **options: Any) -> Any:
-    """`sqlite:///path.db` (`?durability=process` for the process class, as `durability=`)."""
+    """SQLAlchemy's form: `sqlite:///relative/path.db` (from the current directory),
+    `sqlite:////absolute/path.db`; `?durability=process` for the process class, as `durability=`.
+    `location` is what follows `sqlite://`: an empty host, then `/`, then the path."""
     from urllib.parse import parse_qsl
 
+    from ..core.errors import shown
     from .sqlite import SQLiteRepository
 
     path, _, query = location.partition("?")
-    return SQLiteRepository(path, **{**dict(parse_qsl(query, strict_parsing=bool(query))), **options})
+    if not path.startswith("/") or path == "/":
+        raise ValueError(
+            "a SQLite URL is sqlite:///relative/path.db or sqlite:////absolute/path.db, "
+            f"not sqlite://{shown(path)}"
+        )
+    return SQLiteRepository(path[1:], **{**dict(parse_qsl(query, strict_parsing=bool(query))), **options})
 
 
 def open_postgres(location: str, **options: Any) -> Any:

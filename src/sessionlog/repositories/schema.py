@@ -9,23 +9,27 @@ that fails leaves the file as it was. A file newer than this sessionlog is refus
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..core.errors import SessionPathError
-
-if TYPE_CHECKING:
-    import sqlite3
 
 Transaction = Callable[[], "contextlib.AbstractContextManager[sqlite3.Connection]"]
 
 
-def version_of(connection: sqlite3.Connection) -> int:
-    """The schema version of the open database (0: it has no `schema_version` table)."""
+def version_of(connection: sqlite3.Connection) -> int | None:
+    """The schema version of the open database (0: it has no `schema_version` table; None: it
+    has one that sessionlog did not write, another application's)."""
     if not connection.execute("select 1 from sqlite_master where name = 'schema_version'").fetchone():
         return 0
-    return int(connection.execute("select coalesce(max(version), 0) from schema_version").fetchone()[0])
+    try:
+        rows = connection.execute("select version from schema_version").fetchall()
+    except sqlite3.DatabaseError:  # a table of that name with other columns
+        return None
+    if len(rows) != 1 or type(rows[0][0]) is not int or rows[0][0] < 1:
+        return None  # sessionlog writes exactly one row, a positive integer
+    return int(rows[0][0])
 
 
 def migrate(transaction: Transaction, steps: Sequence[str], where: Path) -> int:
@@ -33,6 +37,12 @@ def migrate(transaction: Transaction, steps: Sequence[str], where: Path) -> int:
     version N of N-1); the version it had."""
     with transaction() as connection:
         found = version_of(connection)
+        if found is None:
+            raise SessionPathError(
+                0,
+                f"{where}: its schema_version table is not one sessionlog wrote; it was not changed",
+                str(where),
+            )
         if found > len(steps):
             raise SessionPathError(
                 0,

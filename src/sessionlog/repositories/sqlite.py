@@ -25,7 +25,10 @@ import os
 import random
 import socket
 import sqlite3
+import threading
 import time
+import urllib.parse
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -33,14 +36,21 @@ from typing import Any, Literal
 from ..backends.sqlite import INFOS
 from ..core.errors import (
     RepositoryError,
+    RepositoryNotFoundError,
     SessionLockedError,
     SessionLogError,
     SessionPathError,
+    shown,
 )
 from ..core.store import SessionStore
 from .rows import SessionRows
 from .schema import migrate, version_of
 from .sql import SQLRepository, gone, statements
+
+# The tables of a sessionlog database (and the columns of `sessions` every version has): a file
+# with any other table, or a `schema_version` sessionlog did not write, is another application's.
+_TABLES = {"sessions", "lines", "schema_version"}
+_COLUMNS = {"session_id", "head_line", "head_bytes", "summary", "writer", "writer_epoch"}
 
 STEPS = (
     # 1: the summary row of each session and its lines, byte for byte
@@ -95,6 +105,26 @@ def _held(holder: str | None, key: tuple[str, str]) -> bool:
     return not gone(holder)
 
 
+def _ours(connection: sqlite3.Connection, tables: set[str]) -> bool:
+    """Whether a database with these tables is one sessionlog made."""
+    if not tables <= _TABLES or "sessions" not in tables or not version_of(connection):
+        return False
+    columns = {row[1] for row in connection.execute("pragma table_info(sessions)")}
+    return columns >= _COLUMNS
+
+
+def _create_private(path: Path) -> None:
+    """Create the database file empty and 0600 (if missing) before SQLite opens it: its -wal and
+    -shm take their mode from it, so none of the three is ever readable by others."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    except FileExistsError:
+        pass
+    except OSError as error:
+        problem = f"{path}: cannot create the database: {error.strerror}"
+        raise SessionPathError(error.errno, problem, str(path)) from None
+
+
 class SQLiteRepository(SQLRepository):
     """Sessions in one SQLite file (made if missing). `durability`: `power` or `process`."""
 
@@ -102,33 +132,55 @@ class SQLiteRepository(SQLRepository):
     row_sql = sql
 
     def __init__(
-        self, path: str | os.PathLike[str], *, durability: Literal["power", "process"] = "power"
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: Literal["power", "process"] = "power",
+        create: bool = True,
     ) -> None:
         if durability not in ("power", "process"):
-            raise ValueError(f"durability is power or process, not {durability!r}")
+            raise ValueError(f"durability is power or process, not {shown(durability)}")
         self.path = Path(path)
+        if create:
+            _create_private(self.path)
+        elif not self.path.is_file():
+            raise RepositoryNotFoundError(errno.ENOENT, f"no SQLite database at {self.path}", str(self.path))
         self.key = str(self.path.resolve())  # the database, whatever the path's spelling
         self.info = INFOS[durability, "sync"]
         self.async_info = INFOS[durability, "async"]
         self._synchronous = "full" if durability == "power" else "normal"
-        self.connection = self.connect()
+        # One connection of the repository's, shared by the threads that call it: one of them at
+        # a time in it (SQLite has one transaction per connection). A store has a connection of its own.
+        self._lock = threading.RLock()
+        where = str(self.path.absolute())
+        where = "/" + where.lstrip("/")  # `//x` would name a URI's host
+        self._uri = f"file:{urllib.parse.quote(where)}?mode={'rwc' if create else 'rw'}"
+        self.connection = self.connect(empty_is_missing=not create)
         try:
             migrate(self.transaction, STEPS, self.path)
         except BaseException:
             self.connection.close()
             raise
 
-    def connect(self) -> sqlite3.Connection:
+    def connect(self, *, empty_is_missing: bool = False) -> sqlite3.Connection:
         """A connection with this repository's settings; SessionPathError for a file that is not
-        a database this repository can use (checked before anything is written to it)."""
+        a database this repository can use (checked before anything is written to it);
+        `empty_is_missing`: RepositoryNotFoundError for a database without sessionlog's tables."""
         try:
             connection = sqlite3.connect(
-                self.path, isolation_level=None, timeout=0.05, check_same_thread=False
+                self._uri, uri=True, isolation_level=None, timeout=0.05, check_same_thread=False
             )
             tables = {
-                row[0] for row in connection.execute("select name from sqlite_master where type = 'table'")
+                row[0]
+                for row in connection.execute("select name from sqlite_master where type = 'table'")
+                if not row[0].startswith("sqlite_")
             }
-            if tables and not version_of(connection):
+            if not tables and empty_is_missing:
+                connection.close()
+                raise RepositoryNotFoundError(
+                    errno.ENOENT, f"{self.path} holds no sessionlog database (it is empty)", str(self.path)
+                )
+            if tables and not _ours(connection, tables):
                 connection.close()
                 raise SessionPathError(
                     0,
@@ -150,12 +202,19 @@ class SQLiteRepository(SQLRepository):
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[sqlite3.Connection]:
-        yield self.connection
+        with self._lock:
+            yield self.connection
 
     @contextlib.contextmanager
     def transaction(self, connection: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
         """`BEGIN IMMEDIATE` ... `COMMIT`, retried with jitter while the database is busy."""
         connection = connection or self.connection
+        shared = self._lock if connection is self.connection else contextlib.nullcontext()
+        with shared, self._transaction(connection):
+            yield connection
+
+    @contextlib.contextmanager
+    def _transaction(self, connection: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         self.begin(connection)
         try:
             yield connection
@@ -192,12 +251,18 @@ class SQLiteRepository(SQLRepository):
         if error.sqlite_errorcode & 0xFF not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
             raise os_error(error, self.path) from error
 
-    def open(self, session_id: str) -> SessionStore:
-        """The session for writing; SessionLockedError while a live writer holds it."""
+    def open(self, session_id: str, *, take_over: bool = False) -> SessionStore:
+        """The session for writing; SessionLockedError while a live writer holds it.
+
+        `take_over=True`: take it from a holder not known to be gone, which is fenced at its next
+        commit (nothing it writes lands). A holder is known gone only when it was a process of
+        this host that ended; one recorded under another host name (another machine, or this
+        container before a restart) is never known gone: whoever knows it is gone takes over."""
         with self.failing_as("open", session_id):
             connection = self.connect()
             try:
-                backend = SQLiteSession(self, connection, session_id, self.claim(session_id, connection))
+                epoch = self.claim(session_id, connection, take_over=take_over)
+                backend = SQLiteSession(self, connection, session_id, epoch)
             except BaseException:
                 connection.close()
                 raise
@@ -216,9 +281,11 @@ class SQLiteRepository(SQLRepository):
             )
         return RepositoryError(operation, str(self.path), str(error), session_id)
 
-    def claim(self, session_id: str, connection: sqlite3.Connection | None = None) -> int:
-        """Hold the session for a writer (SessionLockedError while a live writer holds it); the
-        new writer epoch, which every commit of this writer checks."""
+    def claim(
+        self, session_id: str, connection: sqlite3.Connection | None = None, *, take_over: bool = False
+    ) -> int:
+        """Hold the session for a writer (SessionLockedError while a live writer holds it, unless
+        `take_over`); the new writer epoch, which every commit of this writer checks."""
         session_id = self._id(session_id)
         epoch = 0
         try:
@@ -229,8 +296,12 @@ class SQLiteRepository(SQLRepository):
                 if row is None:
                     raise self._missing(session_id)
                 holder, epoch = row[0], int(row[1]) + 1
-                if self.holds(holder, session_id):
-                    raise SessionLockedError(f"session {session_id} in {self.path} is held by {holder}")
+                if not take_over and self.holds(holder, session_id):
+                    raise SessionLockedError(
+                        f"session {session_id} in {self.path} is held by {holder}; if that writer is "
+                        "gone (another host, a restarted container), open(session_id, take_over=True) "
+                        "takes the session and fences it"
+                    )
                 open_connection.execute(
                     "update sessions set writer = ?, writer_epoch = ? where session_id = ?",
                     (_me(), epoch, session_id),
@@ -269,6 +340,26 @@ def os_error(error: sqlite3.Error, path: Path) -> SessionPathError:
     return SessionPathError(number, f"{path}: {error}", str(path))
 
 
+def _inode(path: str) -> tuple[int, int] | None:
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def _drop(connection: sqlite3.Connection, release: str, key: str, session_id: str, epoch: int) -> None:
+    """Give up the hold of a store that was dropped without close(), at best effort."""
+    if _HELD_HERE.get((key, session_id)) == epoch:
+        del _HELD_HERE[key, session_id]
+    with contextlib.suppress(sqlite3.Error):
+        if epoch:
+            connection.execute("begin immediate")
+            connection.execute(release, (session_id, epoch))
+            connection.execute("commit")
+    connection.close()
+
+
 class SQLiteSession(SessionRows):
     """One session of a SQLite repository as a sync store's backend: one transaction a commit."""
 
@@ -284,6 +375,13 @@ class SQLiteSession(SessionRows):
         super().__init__(repository, session_id, epoch)
         self.connection = connection
         self.owns_repository = owns_repository
+        self._wal_path = f"{repository.path}-wal"
+        self._wal = _inode(self._wal_path)
+        # A store dropped without close() gives its hold back when it is collected (or at exit):
+        # otherwise its row names a live process, and every other process sees it held.
+        self._dropped = weakref.finalize(
+            self, _drop, connection, repository.row_sql["release"], repository.key, session_id, epoch
+        )
 
     @classmethod
     def owning(cls, repository: SQLiteRepository, session_id: str, epoch: int) -> SQLiteSession:
@@ -298,6 +396,8 @@ class SQLiteSession(SessionRows):
 
     def append(self, line: bytes) -> None:
         connection = self.connection  # the hot path: `transaction()` without its generator
+        if _inode(self._wal_path) != self._wal:
+            self._wal_removed()
         self.repository.begin(connection)
         try:
             written = self.write(connection, (line,))
@@ -310,7 +410,26 @@ class SQLiteSession(SessionRows):
             raise
         self.advance(written)
 
+    def _wal_removed(self) -> None:
+        """The -wal file is not the one this writer opened (it was removed or replaced): the
+        commits it holds that are not yet in the database would be lost at this process's end.
+        Copy them in through this connection, which still has the removed file open, and refuse
+        to commit on (the store is poisoned)."""
+        try:
+            self.connection.execute("pragma wal_checkpoint(full)")
+        except sqlite3.Error as error:
+            raise os_error(error, self.repository.path) from error
+        finally:
+            self._wal = None  # reported once; every later commit meets the poisoned store
+        raise SessionPathError(
+            errno.EIO,
+            f"{self._wal_path} was removed or replaced under a live writer: its commits were copied "
+            "into the database; reopen the session to go on",
+            self._wal_path,
+        )
+
     def close(self) -> None:
+        self._dropped.detach()
         if self.epoch:
             self.release(self.connection)
         self.connection.close()

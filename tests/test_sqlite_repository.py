@@ -1,0 +1,342 @@
+"""The SQLite repository (and the SQL it shares with PostgreSQL) under threads, dropped stores,
+foreign hosts and files, hostile inputs: each test reproduces a defect of issue 21."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import sqlite3
+import stat
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+import sessionlog
+from sessionlog.core import facts as F
+
+HEADER: dict[str, Any] = {"provider": "openrouter", "model": "test/model", "cwd": "/w"}
+
+
+def _location(path: Path) -> str:
+    return f"sqlite:///{path}"  # an absolute path: sqlite:////tmp/...
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Iterator[Any]:
+    with sessionlog.repository(_location(tmp_path / "sessions.db")) as repository:
+        yield repository
+
+
+def _writer_of(database: Path, session_id: str) -> Any:
+    with contextlib.closing(sqlite3.connect(database)) as connection:
+        row = connection.execute("select writer from sessions where session_id = ?", (session_id,)).fetchone()
+    return row[0]
+
+
+# -- 1. delete holds what it checks ---------------------------------------------------------------
+
+
+def _delete_racing_a_writer(repo: Any, other: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`repo.delete` with a writer of `other` (another repository object, as another process
+    would be) opening the session and committing between delete's check and its removal; every
+    commit that writer was acknowledged must still be there afterwards."""
+    store = repo.create(**HEADER)
+    session_id = store.load().session_id
+    store.commit([F.user_message("first")])
+    store.close()
+    acknowledged: list[str] = []
+    failures: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            with other.open(session_id) as racing:
+                racing.commit([F.user_message("racing")])
+                acknowledged.append("racing")
+        except sessionlog.SessionLogError as error:
+            failures.append(error)
+
+    real_holds = repo.holds
+    threads: list[threading.Thread] = []
+
+    def holds_then_race(holder: Any, checked: str) -> bool:
+        answer = real_holds(holder, checked)
+        monkeypatch.setattr(repo, "holds", real_holds)  # once
+        thread = threading.Thread(target=writer)
+        threads.append(thread)
+        thread.start()
+        thread.join(timeout=3)  # a database that serialises writers keeps it waiting: fine
+        return bool(answer)
+
+    monkeypatch.setattr(repo, "holds", holds_then_race)
+    with contextlib.suppress(sessionlog.SessionLockedError):
+        repo.delete(session_id)
+    assert len(threads) == 1
+    threads[0].join()
+    if acknowledged:  # the writer's commit was acknowledged: it must not have been deleted
+        assert b"racing" in other.export(session_id)
+    else:
+        assert failures, "the racing writer neither committed nor failed"
+
+
+def test_sqlite_delete_never_deletes_a_commit_acknowledged_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    database = _location(tmp_path / "sessions.db")
+    with sessionlog.repository(database) as repo, sessionlog.repository(database) as other:
+        _delete_racing_a_writer(repo, other, monkeypatch)
+
+
+def test_postgres_delete_never_deletes_a_commit_acknowledged_meanwhile(
+    postgres_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = postgres_server.url
+    with sessionlog.repository(url) as repo, sessionlog.repository(url) as other:
+        _delete_racing_a_writer(repo, other, monkeypatch)
+
+
+# -- 2. one repository shared by threads ----------------------------------------------------------
+
+
+def test_a_sqlite_repository_is_safe_to_share_between_threads(repo: Any) -> None:
+    errors: list[BaseException] = []
+    made: dict[int, str] = {}
+    start = threading.Barrier(8)
+
+    def work(number: int) -> None:
+        try:
+            start.wait()
+            with repo.create(**HEADER) as store:
+                made[number] = store.load().session_id
+                store.commit([F.user_message(f"hello {number}")])
+            for round_number in range(20):
+                repo.label(made[number], [f"t{number}", f"r{round_number}"])
+                repo.list(limit=5)
+                repo.load(made[number])
+        except BaseException as error:  # anything raw is the defect
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(number,)) for number in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    labels = {info.session_id: info.labels for info in repo.list()}
+    assert all(labels[made[number]] == ("r19", f"t{number}") for number in range(8))
+
+
+# -- 3. holds that end ----------------------------------------------------------------------------
+
+
+def test_a_dropped_sqlite_store_releases_its_hold(tmp_path: Path) -> None:
+    database = tmp_path / "sessions.db"
+    repo = sessionlog.repository(_location(database))
+    store = repo.create(**HEADER)
+    session_id = store.load().session_id
+    store.commit([F.user_message("hi")])
+    assert _writer_of(database, session_id) is not None
+    del store
+    gc.collect()
+    assert _writer_of(database, session_id) is None  # released for every process, not only this one
+    with repo.open(session_id) as again:
+        again.commit([F.user_message("again")])
+    repo.close()
+
+
+def test_a_sqlite_holder_on_another_host_is_taken_over_only_when_asked(tmp_path: Path) -> None:
+    database = tmp_path / "sessions.db"
+    repo = sessionlog.repository(_location(database))
+    with repo.create(**HEADER) as store:
+        session_id = store.load().session_id
+    with contextlib.closing(sqlite3.connect(database)) as connection:
+        connection.execute(
+            "update sessions set writer = 'a-restarted-container:7', writer_epoch = writer_epoch + 1"
+        )
+        connection.commit()
+    with pytest.raises(sessionlog.SessionLockedError, match="take_over=True"):
+        repo.open(session_id)
+    with repo.open(session_id, take_over=True) as store:
+        store.commit([F.user_message("mine now")])
+    assert repo.load(session_id).last_seq == 1
+    repo.close()
+
+
+def test_a_sqlite_writer_taken_over_is_fenced(tmp_path: Path) -> None:
+    database = _location(tmp_path / "sessions.db")
+    with sessionlog.repository(database) as repo, sessionlog.repository(database) as other:
+        first = repo.create(**HEADER)
+        first.commit([F.user_message("one")])
+        session_id = first.load().session_id
+        with other.open(session_id, take_over=True) as second:
+            second.commit([F.user_message("two")])
+        with pytest.raises(sessionlog.SessionLogError):
+            first.commit([F.user_message("fenced")])
+        first.close()
+        assert b"fenced" not in repo.export(session_id)
+
+
+# -- 4. files only the owner reads ----------------------------------------------------------------
+
+
+def test_the_database_and_its_wal_and_shm_are_created_0600(tmp_path: Path) -> None:
+    database = tmp_path / "sessions.db"
+    old = os.umask(0o022)
+    try:
+        with sessionlog.repository(_location(database)) as repo, repo.create(**HEADER) as store:
+            store.commit([F.user_message("secret prompt")])
+            modes = {
+                path.name: stat.S_IMODE(path.stat().st_mode)
+                for path in (database, Path(f"{database}-wal"), Path(f"{database}-shm"))
+            }
+    finally:
+        os.umask(old)
+    assert modes == {"sessions.db": 0o600, "sessions.db-wal": 0o600, "sessions.db-shm": 0o600}
+
+
+# -- 5. import and fork byte-exact ----------------------------------------------------------------
+
+
+def _with_a_lone_cr(repo: Any) -> bytes:
+    with repo.create(**HEADER) as store:
+        store.commit([F.user_message("one")])
+        store.commit([F.user_message("two")])
+        session_id = store.load().session_id
+    data = repo.export(session_id)
+    repo.delete(session_id)  # to be imported again
+    header, second, third = data.split(b"\n")[:3]
+    second = second.replace(b'","', b'",\r"', 1)  # JSON whitespace inside the line
+    assert b"\r" in second
+    return b"\n".join([header, second, third]) + b"\n"
+
+
+def test_import_is_byte_exact_for_a_lone_cr_and_commits_go_on(repo: Any) -> None:
+    data = _with_a_lone_cr(repo)
+    session_id = repo.import_(data)
+    assert session_id == orjson.loads(data.split(b"\n")[0])["id"]
+    assert repo.export(session_id) == data
+    with repo.open(session_id) as store:
+        store.commit([F.user_message("three")])
+    assert repo.load(session_id).last_seq == 3
+    forked = repo.fork(session_id, 3)
+    assert repo.export(forked).split(b"\n", 1)[1] == repo.export(session_id).split(b"\n", 1)[1]
+    with repo.open(forked) as store:
+        store.commit([F.user_message("four")])
+
+
+# -- 7. another application's database, damaged files ---------------------------------------------
+
+
+@pytest.mark.parametrize("version", ["'1.0.3'", "1"])
+def test_another_applications_schema_version_table_is_refused_unchanged(tmp_path: Path, version: str) -> None:
+    foreign = tmp_path / "app.db"
+    with contextlib.closing(sqlite3.connect(foreign)) as connection:
+        connection.executescript(
+            f"create table schema_version (version text); insert into schema_version values ({version});"
+            "create table sessions (id integer primary key, user text); insert into sessions values (1, 'a');"
+        )
+    before = foreign.read_bytes()
+    with pytest.raises(sessionlog.SessionPathError, match=r"app\.db"):
+        sessionlog.repository(_location(foreign))
+    assert foreign.read_bytes() == before and sorted(item.name for item in tmp_path.iterdir()) == ["app.db"]
+
+
+def test_a_database_damaged_under_an_open_repository_gives_typed_errors(tmp_path: Path) -> None:
+    database = tmp_path / "sessions.db"
+    repo = sessionlog.repository(_location(database))
+    with repo.create(**HEADER) as store:
+        session_id = store.load().session_id
+    repo.close()
+    repo = sessionlog.repository(_location(database))
+    size = database.stat().st_size
+    database.write_bytes(b"\x00garbage" * (size // 8 + 1))
+    for name, call in {
+        "list": lambda: repo.list(),
+        "load": lambda: repo.load(session_id),
+        "label": lambda: repo.label(session_id, ["x"]),
+        "delete": lambda: repo.delete(session_id),
+    }.items():
+        with pytest.raises(sessionlog.SessionLogError) as caught:
+            call()
+        assert isinstance(caught.value.__cause__, sqlite3.Error) or caught.value.__cause__ is None, name
+        assert str(database) in str(caught.value), name
+    repo.close()
+
+
+# -- 9. the SQLAlchemy form of a SQLite URL -------------------------------------------------------
+
+
+def test_a_sqlite_url_with_three_slashes_is_relative_four_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    with sessionlog.repository("sqlite:///sub/relative.db") as repo:
+        assert Path(repo.path).resolve() == tmp_path / "sub" / "relative.db"
+    assert (tmp_path / "sub" / "relative.db").is_file()
+    absolute = tmp_path / "absolute.db"
+    with sessionlog.repository(f"sqlite:////{str(absolute).lstrip('/')}") as repo:
+        assert Path(repo.path) == absolute
+    assert absolute.is_file()
+    with pytest.raises(ValueError, match="sqlite:///"):
+        sessionlog.repository("sqlite://host/x.db")
+
+
+# -- 10. create=False creates nothing -------------------------------------------------------------
+
+
+def test_create_false_on_a_missing_database_creates_nothing(tmp_path: Path) -> None:
+    for location in (tmp_path / "missing.db", tmp_path / "no" / "such.db"):
+        with pytest.raises(sessionlog.RepositoryNotFoundError, match=location.name):
+            sessionlog.repository(_location(location), create=False)
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    with pytest.raises(sessionlog.RepositoryNotFoundError):
+        sessionlog.repository(_location(empty), create=False)
+    assert sorted(item.name for item in tmp_path.iterdir()) == ["empty.db"] and empty.stat().st_size == 0
+    with sessionlog.repository(_location(tmp_path / "made.db")) as repo:
+        repo.create(**HEADER).close()
+    with sessionlog.repository(_location(tmp_path / "made.db"), create=False) as repo:
+        assert len(repo.list()) == 1
+
+
+def test_the_sqlite_backend_creates_no_database_when_only_reading(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    with pytest.raises(sessionlog.SessionLogError):
+        sessionlog.open(empty, backend="sqlite", read_only=True)
+    assert empty.stat().st_size == 0 and sorted(item.name for item in tmp_path.iterdir()) == ["empty.db"]
+    with pytest.raises(FileNotFoundError):
+        sessionlog.open(tmp_path / "missing.db", backend="sqlite", read_only=True)
+    assert sorted(item.name for item in tmp_path.iterdir()) == ["empty.db"]
+
+
+# -- 11. no out-of-range integer reaches SQL ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        {"limit": 2**63},
+        {"limit": 2**70},
+        {"updated_after": 2**70},
+        {"updated_before": -(2**70)},
+        {"cursor": f"{2**70}:01900000-0000-7000-8000-000000000000"},
+        {"cursor": f"{-(2**70)}:01900000-0000-7000-8000-000000000000"},
+    ],
+)
+def test_out_of_range_integers_never_reach_sqlite(repo: Any, filters: dict[str, Any]) -> None:
+    repo.create(**HEADER).close()
+    with contextlib.suppress(ValueError):  # refused at the door: fine; OverflowError or sqlite3's: not
+        repo.list(**filters)
+
+
+def test_a_session_id_in_a_message_is_shown_bounded(repo: Any) -> None:
+    secret = "sk-" + "s" * 40
+    with pytest.raises(ValueError) as caught:
+        repo.load(secret)
+    assert secret not in str(caught.value) and secret[:30] not in str(caught.value)
