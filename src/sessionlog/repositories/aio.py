@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from ..core.async_store import AsyncSessionStore
 from ..core.state import SessionState
 from ..opening import create_async, open_async
-from .base import AsyncRepositoryBase
+from .base import AsyncRepositoryBase, checked_labels
 from .directory import DirectoryRepository
 from .info import SessionInfo
 from .rows import SessionRows
@@ -107,9 +107,10 @@ class AsyncDirectoryRepository(AsyncRepository):
     def __init__(self, sync: DirectoryRepository, backend: str | None = None) -> None:
         super().__init__(sync)
         self.backend = backend or _ASYNC_TWIN.get(sync.backend, sync.backend)
+        sync.read_as(self.backend)  # the sessions are this backend's files: read with its rule
 
     async def create(self, **header: Any) -> AsyncSessionStore:
-        labels = header.pop("labels", ())
+        labels = checked_labels(header.pop("labels", ()))  # refused before a session is made
         from ..core.ids import new_id
 
         session_id = new_id()

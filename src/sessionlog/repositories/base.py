@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..core.commit import encode_header
+from ..core.errors import shown
 from ..core.framing import lines
 from ..core.ids import new_id
 from ..core.loading import reduce_bytes
@@ -67,7 +68,10 @@ class AsyncRepositoryBase:
 
 def fork_bytes(data: bytes, session_id: str, at_seq: int) -> tuple[str, bytes]:
     """A new session's id and bytes: the committed `data` of `session_id` through seq `at_seq`
-    (which must end a transaction) under a new header. The facts keep their ids."""
+    (which must end a transaction) under a new header. The facts keep their ids; every line is
+    kept byte for byte (a lone CR inside a line is JSON whitespace, never a line break)."""
+    if type(at_seq) is not int or at_seq < 0:
+        raise TypeError(f"at_seq is a non-negative integer, not {shown(at_seq)}")
     header_end = data.index(b"\n") + 1
     end = header_end
     for _, offset, raw in lines(data, len(data)):
@@ -91,10 +95,22 @@ def fork_bytes(data: bytes, session_id: str, at_seq: int) -> tuple[str, bytes]:
     return forked, new_header + data[header_end:end]
 
 
-def checked_labels(labels: Iterable[str]) -> list[str]:
-    """A caller's labels, sorted and unique; ValueError for one that is not a short string."""
-    found = sorted(set(labels))
-    for label in found:
-        if type(label) is not str or not label or len(label) > 200:
-            raise ValueError(f"a label is a non-empty string of at most 200 characters, not {label!r:.60}")
-    return found
+def checked_labels(labels: Iterable[str], what: str = "labels") -> list[str]:
+    """A caller's labels, sorted and unique. TypeError unless `labels` is an iterable of strings
+    (a str or bytes is refused whole: iterating it would make a label of each character),
+    ValueError for an empty label or one longer than `MAX_LABEL` characters."""
+    if isinstance(labels, str | bytes | bytearray | memoryview) or not isinstance(labels, Iterable):
+        raise TypeError(f"{what} are an iterable of strings (a list, a tuple, a set), not {shown(labels)}")
+    found = []
+    for label in labels:
+        if type(label) is not str:
+            raise TypeError(f"a label is a string, not {shown(label)} (in {what})")
+        if not label or len(label) > MAX_LABEL:
+            raise ValueError(
+                f"a label is a non-empty string of at most {MAX_LABEL} characters, not {shown(label)}"
+            )
+        found.append(label)
+    return sorted(set(found))
+
+
+MAX_LABEL = 200

@@ -5,22 +5,47 @@ reads summaries, not logs.
 One writer per session comes from the stores themselves (the writer lock, taken by default); a
 session whose run is unfinished and whose lock nobody holds is `needs-recovery`. Session ids are
 UUIDv7 strings and name the files: an id that is not one is refused before any path is made.
+
+* Each file is read with its writer's rule (`BackendInfo.nul_rule`): the backend the repository
+  was given, or the group-commit backend of the async repository (`read_as`), whose power-loss
+  holes may lie anywhere in its last batch.
+* Delete holds what it checks: the session's writer lock, taken on the file itself, is held
+  across the unlink, so a writer can neither be open while its file goes nor open it meanwhile
+  (one that opened the file just before and locks it after finds it has no name: its first
+  commit is fenced, nothing acknowledged is lost).
+* One object may be shared by threads: the index has its own lock, the in-memory cache this one.
+* Debris of dead processes (the `.creating` / `.converting` temporaries of a create, fork or
+  import killed before its rename) is removed when the repository is opened.
+* `create=False`: the directory must exist (RepositoryNotFoundError) and nothing is made by
+  reading it; the index is made by the first write that needs it (a label).
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import errno
 import fcntl
 import functools
 import os
+import re
 import stat
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..backends.jsonl_file import read_session_file
-from ..core.errors import SessionExistsError, SessionLockedError, SessionNotFoundError, SessionPathError
+from ..backends.jsonl_file import process_alive, read_session_file
+from ..core.errors import (
+    RepositoryError,
+    RepositoryNotFoundError,
+    SessionExistsError,
+    SessionLockedError,
+    SessionLogError,
+    SessionNotFoundError,
+    SessionPathError,
+    shown,
+)
 from ..core.ids import new_id
 from ..core.loading import reduce_bytes
 from ..core.reducer import is_uuid7
@@ -37,7 +62,8 @@ SUFFIX = ".jsonl"
 
 
 class DirectoryRepository(RepositoryBase):
-    """Sessions as files in `directory` (made if missing). `backend`: a sync file backend."""
+    """Sessions as files in `directory` (made if missing, unless `create=False`). `backend`: a
+    sync file backend."""
 
     def __init__(
         self,
@@ -45,25 +71,53 @@ class DirectoryRepository(RepositoryBase):
         *,
         backend: str = "jsonl-fsync",
         registry: Registry | None = None,
+        create: bool = True,
     ) -> None:
+        if type(create) is not bool:
+            raise TypeError(f"create is True or False, not {shown(create)}")
         self.registry = registry if registry is not None else default_registry()
         info = self.registry.info(backend)
         if not info.plain_file or info.api != "sync":
             raise ValueError(
-                f"a directory repository needs a sync file backend, not {backend!r} (an async file "
-                "backend such as jsonl-syncfs goes to sessionlog.repository_async)"
+                f"a directory repository needs a sync file backend, not {shown(backend)} (an async "
+                "file backend such as jsonl-syncfs goes to sessionlog.repository_async)"
             )
         self.backend = backend
         self.rule = info.nul_rule()
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        if create:
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+            except FileExistsError:
+                pass  # not a directory: said below
+            except OSError as error:
+                raise SessionPathError(
+                    error.errno,
+                    f"cannot make the repository {self.directory}: {error.strerror}",
+                    str(directory),
+                ) from None
+        elif not os.path.lexists(self.directory):
+            raise RepositoryNotFoundError(
+                errno.ENOENT,
+                f"no repository at {self.directory} (nothing was created: create=False)",
+                str(self.directory),
+            )
         if not self.directory.is_dir():
             raise SessionPathError(errno.ENOTDIR, f"not a directory: {self.directory}", str(self.directory))
+        self._lock = threading.RLock()  # the in-memory cache, shared by the threads using this object
         self._index = Index(self.directory)
+        self._index.open(create=create)
         self._cached: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] | None = None
+        remove_debris(self.directory)
 
     def __repr__(self) -> str:
         return f"<DirectoryRepository {self.directory} ({self.backend})>"
+
+    def read_as(self, backend: str) -> None:
+        """Read the sessions with the rule of `backend`, the one that writes them (the async
+        repository's group-commit backend: a power-loss hole may lie anywhere in its last batch)."""
+        with self._lock:
+            self.rule = self.registry.info(backend).nul_rule()
 
     def close(self) -> None:
         self._index.close()
@@ -77,7 +131,7 @@ class DirectoryRepository(RepositoryBase):
     def path(self, session_id: str) -> Path:
         """The file of a session; ValueError for anything that is not a session id."""
         if not is_uuid7(session_id):
-            raise ValueError(f"not a session id (a UUIDv7): {session_id!r:.60}")
+            raise ValueError(f"not a session id (a UUIDv7): {shown(session_id)}")
         return self.directory / f"{session_id}{SUFFIX}"
 
     # -- one session ---------------------------------------------------------------------------
@@ -92,22 +146,29 @@ class DirectoryRepository(RepositoryBase):
         labels: Iterable[str] = (),
         **options: Any,
     ) -> SessionStore:
-        """A new session, open for writing (its writer lock held)."""
+        """A new session, open for writing (its writer lock held). Its labels are stored before
+        its file is made, so that no listing ever shows it without them."""
+        wanted = checked_labels(labels)
         session_id = new_id()
-        store = create(
-            self.path(session_id),
-            self.backend,
-            provider=provider,
-            model=model,
-            cwd=cwd,
-            environment_identity=environment_identity,
-            session_id=session_id,
-            registry=self.registry,
-            **options,
-        )
-        if labels:
-            self._index.set_labels(session_id, checked_labels(labels))
-        return store
+        if wanted:
+            self._index.set_labels(session_id, wanted, "create")
+        try:
+            return create(
+                self.path(session_id),
+                self.backend,
+                provider=provider,
+                model=model,
+                cwd=cwd,
+                environment_identity=environment_identity,
+                session_id=session_id,
+                registry=self.registry,
+                **options,
+            )
+        except BaseException:
+            if wanted:
+                with contextlib.suppress(SessionLogError):  # labels of no session: never listed
+                    self._index.forget(session_id)
+            raise
 
     def open(self, session_id: str, **options: Any) -> SessionStore:
         """A session for writing; SessionLockedError while another writer holds it."""
@@ -123,48 +184,65 @@ class DirectoryRepository(RepositoryBase):
         return data[: reduce_bytes(data, **self.rule).repaired_length]
 
     def import_(self, data: bytes, *, labels: Iterable[str] = ()) -> str:
-        """Store a session's bytes as they are, once the reducer accepted them; its id."""
+        """Store a session's bytes as they are (byte for byte), once the reducer accepted them;
+        its id."""
+        wanted = checked_labels(labels)
         state = reduce_bytes(data)
         if state.repaired_length != len(data):
             raise ValueError("an imported session ends with its last LF (this one has a torn tail)")
         path = self.path(state.session_id)
+        if os.path.lexists(path):
+            raise SessionExistsError(errno.EEXIST, f"session {state.session_id} is already here", str(path))
+        self._index.set_labels(state.session_id, wanted, "import")  # none: forget any of before
         try:
-            write_into_place(path, data)
+            self._write_new("import", state.session_id, data)
         except SessionExistsError:
             raise SessionExistsError(
                 errno.EEXIST, f"session {state.session_id} is already here", str(path)
             ) from None
-        if labels:
-            self._index.set_labels(state.session_id, checked_labels(labels))
         return state.session_id
 
     def fork(self, session_id: str, at_seq: int) -> str:
         """A new session holding the transactions of `session_id` through seq `at_seq` (which
         must end a transaction); its id. The facts keep their ids; the header gets a new one."""
         forked, data = fork_bytes(self.export(session_id), session_id, at_seq)
-        write_into_place(self.path(forked), data)
+        self._write_new("fork", forked, data)
         return forked
 
-    def delete(self, session_id: str) -> None:
-        """Remove a session and its summary; SessionLockedError while a writer holds it."""
-        path = self.path(session_id)
-        if _held(path):
-            raise SessionLockedError(f"{path} is in use: a writer holds it; nothing was deleted")
+    def _write_new(self, operation: str, session_id: str, data: bytes) -> None:
+        """A new session file, written whole under a temporary name and then linked into place;
+        a failure (a full disk) leaves nothing, a kill a temporary that the next open removes."""
         try:
-            path.unlink()
-        except FileNotFoundError:
-            raise SessionNotFoundError(errno.ENOENT, f"no session {session_id} here", str(path)) from None
-        self._index.forget(session_id)
-        if self._cached is not None:
-            self._cached.pop(session_id, None)
+            write_into_place(self.path(session_id), data)
+        except SessionLogError:
+            raise
+        except OSError as error:
+            raise RepositoryError(
+                operation, str(self.directory), f"{error.strerror or error} (nothing was written)", session_id
+            ) from error
+
+    def delete(self, session_id: str) -> None:
+        """Remove a session and its summary; SessionLockedError while a writer holds it. The
+        session's writer lock is held from the check through the unlink."""
+        path = self.path(session_id)
+        _unlink_unheld(path, session_id)
+        with self._lock:
+            if self._cached is not None:
+                self._cached.pop(session_id, None)
+        with contextlib.suppress(RepositoryError):  # the file is gone: the next list drops its row
+            self._index.forget(session_id)
 
     def label(self, session_id: str, labels: Iterable[str]) -> None:
         """Set the caller's labels of a session (replacing its earlier ones)."""
-        if not self.path(session_id).exists():
-            raise SessionNotFoundError(
-                errno.ENOENT, f"no session {session_id} here", str(self.path(session_id))
-            )
-        self._index.set_labels(session_id, checked_labels(labels))
+        wanted = checked_labels(labels)
+        path = self.path(session_id)
+        if not path.exists():
+            raise SessionNotFoundError(errno.ENOENT, f"no session {session_id} here", str(path))
+        self._index.set_labels(session_id, wanted)
+        if not path.exists():  # deleted meanwhile: its labels must not outlive it
+            with contextlib.suppress(RepositoryError):
+                self._index.forget(session_id)
+            raise SessionNotFoundError(errno.ENOENT, f"no session {session_id} here", str(path))
 
     # -- many sessions -------------------------------------------------------------------------
 
@@ -172,8 +250,8 @@ class DirectoryRepository(RepositoryBase):
         """Sessions newest first (by last write), filtered (`Filters`), at most `limit`, after
         `cursor` (the `cursor` of the last row of the previous page)."""
         wanted = Filters(**filters)
-        labels = self._index.labels()
         found = sorted(self._summaries(), key=_newest_first, reverse=True)
+        labels = self._index.labels()
         candidates = (
             Candidate(summary, labels.get(summary["session_id"], ()), functools.partial(_held, path))
             for summary, path in found  # made only for the rows a page reaches
@@ -191,9 +269,14 @@ class DirectoryRepository(RepositoryBase):
     def _summaries(self) -> builtins.list[tuple[dict[str, Any], str]]:
         """Every session's summary and file, reducing only the files that changed since the index
         saw them (the index is read once per repository object, then kept in memory)."""
+        with self._lock:
+            return self._summaries_locked()
+
+    def _summaries_locked(self) -> builtins.list[tuple[dict[str, Any], str]]:
         if self._cached is None:
             self._cached = self._index.cached()
         cached = self._cached
+        rule = _rule_name(self.rule)
         fresh, found = [], []
         present = set()
         for entry in os.scandir(self.directory):
@@ -210,10 +293,14 @@ class DirectoryRepository(RepositoryBase):
             present.add(session_id)
             mark = signature(status)
             known = cached.get(session_id)
-            if known is not None and known[0] == mark:
+            if known is not None and known[0] == mark and known[1].get("rule") == rule:
                 summary = known[1]
-            else:
-                summary = {**self._summarize(Path(entry.path), status), "session_id": session_id}
+            else:  # changed, or read with another rule
+                summary = {
+                    **self._summarize(Path(entry.path), status),
+                    "session_id": session_id,
+                    "rule": rule,
+                }
                 fresh.append((session_id, mark, summary))
                 cached[session_id] = (mark, summary)
             found.append((summary, entry.path))
@@ -221,7 +308,8 @@ class DirectoryRepository(RepositoryBase):
         for session_id in gone:
             del cached[session_id]
         if fresh or gone:
-            self._index.store(fresh, gone)
+            with contextlib.suppress(RepositoryError):  # a cache: the listing is right without it
+                self._index.store(fresh, gone)
         return found
 
     def _summarize(self, path: Path, status: os.stat_result) -> dict[str, Any]:
@@ -262,6 +350,71 @@ def summary_of(state: SessionState, data: bytes, updated_at: int) -> dict[str, A
     }
 
 
+def _rule_name(rule: dict[str, Any]) -> str:
+    """The NUL rule a summary was computed with (a summary of another rule is computed again)."""
+    return f"{int(rule.get('nul_tail', False))}:{rule.get('nul_window', 0)}"
+
+
+def _unlink_unheld(path: Path, session_id: str) -> None:
+    """Remove the session file unless a writer holds it, holding its writer lock (an exclusive
+    flock on the file itself) from the check through the unlink: a writer that opens it meanwhile
+    is refused (SessionLockedError), and one that opened it just before and locks it just after
+    finds a file with no name, which fences its first commit."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise SessionNotFoundError(errno.ENOENT, f"no session {session_id} here", str(path)) from None
+    except OSError as error:
+        raise SessionPathError(error.errno, f"cannot delete {path}: {error.strerror}", str(path)) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SessionLockedError(f"{path} is in use: a writer holds it; nothing was deleted") from None
+        except OSError as error:  # no locks on this filesystem: nothing can say it is unheld
+            raise SessionPathError(
+                error.errno,
+                f"cannot lock {path} to delete it: {error.strerror}; nothing was deleted",
+                str(path),
+            ) from None
+        held = os.fstat(fd)
+        try:
+            named = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            raise SessionNotFoundError(errno.ENOENT, f"no session {session_id} here", str(path)) from None
+        if (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):  # replaced since it was opened
+            raise SessionLockedError(f"{path} was replaced meanwhile (another writer); nothing was deleted")
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            raise SessionNotFoundError(errno.ENOENT, f"no session {session_id} here", str(path)) from None
+        except OSError as error:
+            raise SessionPathError(
+                error.errno, f"cannot delete {path}: {error.strerror}", str(path)
+            ) from None
+    finally:
+        os.close(fd)  # releases the lock, now that the name is gone
+
+
+_TEMPORARY = re.compile(r"\.(\.?[0-9a-f-]{36}\.jsonl.*)\.([0-9]+)\.[0-9a-f]{12}\.(?:creating|converting)")
+
+
+def remove_debris(directory: Path) -> None:
+    """Remove the temporaries that dead processes left in `directory` (a create, fork, import or
+    convert killed between its write and its rename): `.ID.jsonl[...].PID.RANDOM.PURPOSE`. Those of
+    a live process are its work in progress and stay."""
+    try:
+        names = [entry.name for entry in os.scandir(directory) if entry.name.startswith(".")]
+    except OSError:
+        return
+    for name in names:
+        match = _TEMPORARY.fullmatch(name)
+        if match is None or not is_uuid7(match[1].lstrip(".")[:36]) or process_alive(int(match[2])):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(directory / name)
+
+
 def _held(path: str | Path) -> bool:
     """Whether a live writer holds the session's lock (the lock is taken by default)."""
     try:
@@ -279,4 +432,4 @@ def _held(path: str | Path) -> bool:
     return False
 
 
-__all__ = ["DirectoryRepository", "summary_of"]
+__all__ = ["DirectoryRepository", "remove_debris", "summary_of"]

@@ -216,6 +216,175 @@ class RepositoryContract:
             assert repo.export(session_id) == before
             store.close()
 
+    # -- inputs ----------------------------------------------------------------------------
+
+    def test_labels_and_filters_are_checked_at_the_door(self, tmp_path: Path) -> None:
+        """A value of the wrong kind is refused naming what is wrong, never stored changed (a str
+        is iterable: `labels="support"` must not become the labels o, p, r, s, t, u) and never
+        met as a raw driver error (an out-of-range limit or cursor)."""
+        with self.repository(tmp_path) as repo:
+            with repo.create(**HEADER, labels=["kept"]) as store:
+                session_id = store.load().session_id
+            for labels in ("support", b"support", 7, None, ["ok", 3], ["ok", ""], [b"x"], ["x" * 201]):
+                with pytest.raises((TypeError, ValueError), match="label"):
+                    repo.label(session_id, labels)
+                with pytest.raises((TypeError, ValueError), match="label"):
+                    repo.create(**HEADER, labels=labels)
+                if labels is not None:  # None: no label filter
+                    with pytest.raises((TypeError, ValueError), match="label"):
+                        repo.list(labels=labels)
+            assert [(row.session_id, row.labels) for row in repo.list()] == [(session_id, ("kept",))]
+            refused: list[dict[str, Any]] = [
+                {"status": "needs_recovery"},
+                {"status": ["idle", "stopped"]},
+                {"status": b"idle"},
+                {"status": 1},
+                {"limit": 2**63},
+                {"limit": -1},
+                {"limit": 0},
+                {"limit": True},
+                {"limit": 1.5},
+                {"limit": "10"},
+                {"updated_after": 2**63},
+                {"updated_after": -(2**63) - 1},
+                {"updated_after": True},
+                {"updated_before": "yesterday"},
+                {"cursor": "nonsense"},
+                {"cursor": f"{2**64}:{session_id}"},
+                {"cursor": f"-1:{session_id}"},
+                {"cursor": "1:x"},
+                {"cursor": f"\u00b2:{session_id}"},
+                {"cursor": 5},
+            ]
+            for filters in refused:
+                (name,) = filters
+                with pytest.raises((TypeError, ValueError), match=name) as caught:
+                    repo.list(**filters)
+                assert isinstance(caught.value, sessionlog.SessionLogError | ValueError | TypeError)
+                assert type(caught.value).__module__.split(".")[0] in ("sessionlog", "builtins"), filters
+            with pytest.raises(ValueError, match="needs-recovery"):  # the message names the known ones
+                repo.list(status="needs_recovery")
+            assert repo.list(limit=2**63 - 1, updated_after=0, status=("idle", "running"))[0].session_id == (
+                session_id
+            )
+            assert repo.list(cursor=f"{2**63 - 1}:{session_id}") != []
+            assert repo.list(labels=iter(["kept"]))[0].session_id == session_id  # any iterable, once
+
+    # -- threads ---------------------------------------------------------------------------
+
+    def test_one_repository_shared_by_eight_threads(self, tmp_path: Path) -> None:
+        """Eight threads share ONE repository object: each creates, labels, lists, opens, commits
+        and deletes sessions of its own, and all of them open, commit to and delete the same few
+        shared sessions at once. Checked exactly afterwards: no error but a refusal (a held or
+        deleted session), every label set is there, every acknowledged commit is there, a
+        deleted session is gone, and no delete succeeded while a writer held its session."""
+        rounds = 4
+        with self.repository(tmp_path) as repo:
+            shared = []
+            for _ in range(3):
+                with repo.create(**HEADER) as store:
+                    shared.append(store.load().session_id)
+            history = _History()
+            own: dict[int, list[str]] = {}
+            start = threading.Barrier(8)
+
+            def work(worker: int) -> None:
+                start.wait()
+                mine = own.setdefault(worker, [])
+                for turn in range(rounds):
+                    with repo.create(**HEADER, labels=[f"w{worker}"]) as store:
+                        session_id = store.load().session_id
+                        mine.append(session_id)
+                        writer = history.opened(session_id)
+                        text = f"{worker}/{turn}/new"
+                        store.commit([build.user_message(text)])
+                        history.acknowledged(session_id, text)
+                        history.closing(writer)
+                    history.labelled(session_id, (f"turn{turn}", f"w{worker}"))
+                    repo.label(session_id, [f"w{worker}", f"turn{turn}"])
+                    assert session_id in {
+                        row.session_id for row in repo.list(labels=[f"w{worker}"], limit=None)
+                    }
+                    with repo.open(mine[0]) as store:  # one of its own, again
+                        writer = history.opened(mine[0])
+                        text = f"{worker}/{turn}/again"
+                        store.commit([build.user_message(text)])
+                        history.acknowledged(mine[0], text)
+                        history.closing(writer)
+                    assert repo.load(mine[0]).transcript[-1]["content"] == text
+                    if turn % 2 == 1:  # its newest but one goes
+                        victim = mine.pop(-2)
+                        repo.delete(victim)
+                        history.deleted(victim)
+                    target = shared[(worker + turn) % len(shared)]
+                    try:
+                        with repo.open(target) as store:
+                            writer = history.opened(target)
+                            text = f"{worker}/{turn}/shared"
+                            try:
+                                store.commit([build.user_message(text)])
+                            except sessionlog.StorePoisonedError:
+                                history.fenced.add(target)  # deleted under a writer: fenced
+                            else:
+                                history.acknowledged(target, text)
+                            history.closing(writer)
+                    except (sessionlog.SessionLockedError, sessionlog.SessionNotFoundError):
+                        pass  # held by another thread, or deleted by one
+                    if (worker + turn) % 8 == 3:
+                        doomed = shared[turn % len(shared)]
+                        try:
+                            repo.delete(doomed)
+                        except (sessionlog.SessionLockedError, sessionlog.SessionNotFoundError):
+                            pass  # held by a writer, or deleted already
+                        else:
+                            history.deleted(doomed)
+                    repo.list(limit=None)
+                    repo.unfinished()
+
+            errors = _run_threads(work, 8)
+            assert errors == [], f"{len(errors)} threads failed; the first:\n{errors[0]}"
+            history.check_deletes()
+            rows = {row.session_id: row for row in repo.list(limit=None)}
+            for sessions in own.values():
+                for session_id in sessions:
+                    assert rows[session_id].labels == history.labels[session_id], session_id
+                    assert rows[session_id].status == "idle"
+            gone = history.gone()
+            assert not gone & set(rows)
+            for session_id in gone:
+                with pytest.raises(sessionlog.SessionNotFoundError):
+                    repo.load(session_id)
+            for session_id, texts in history.acks.items():
+                if session_id in gone:
+                    continue
+                transcript = [message["content"] for message in repo.load(session_id).transcript]
+                assert transcript == texts, session_id  # every acknowledged commit, in order
+            expected = {session_id for sessions in own.values() for session_id in sessions}
+            assert set(rows) == expected | (set(shared) - gone)
+
+    def test_threads_racing_to_label_and_list_one_session(self, tmp_path: Path) -> None:
+        """Eight threads label one session over and over and list it between: every listing
+        shows one whole label set, and afterwards the labels are one thread's last set."""
+        with self.repository(tmp_path) as repo:
+            with repo.create(**HEADER) as store:
+                session_id = store.load().session_id
+            last: dict[int, tuple[str, ...]] = {}
+            start = threading.Barrier(8)
+
+            def work(worker: int) -> None:
+                start.wait()
+                for turn in range(15):
+                    labels = (f"t{turn:02}", f"w{worker}")
+                    repo.label(session_id, list(labels))
+                    last[worker] = labels
+                    (row,) = repo.list(limit=None)
+                    assert row.session_id == session_id and len(row.labels) == 2, row.labels
+
+            errors = _run_threads(work, 8)
+            assert errors == [], f"{len(errors)} threads failed; the first:\n{errors[0]}"
+            (row,) = repo.list()
+            assert row.labels in {labels for labels in last.values() if labels[0] == "t14"}
+
     # -- schema versions -------------------------------------------------------------------
 
     def test_a_repository_of_the_previous_schema_is_migrated(self, tmp_path: Path) -> None:
@@ -258,6 +427,80 @@ class RepositoryContract:
             assert [row.session_id for row in repo.unfinished()] == [session_id]
 
 
+class _History:
+    """What the threads did, in the order it happened (Jepsen's history, in small): writers
+    opened and closing, commits acknowledged, deletes begun and done, labels set."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._clock = 0
+        self.acks: dict[str, list[str]] = {}
+        self.labels: dict[str, tuple[str, ...]] = {}
+        self.writers: list[list[Any]] = []  # [session, opened at, closing at or None]
+        self.deletes: list[tuple[str, int]] = []  # session, done at
+        self.fenced: set[str] = set()
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def opened(self, session_id: str) -> int:
+        with self._lock:
+            self.writers.append([session_id, self._tick(), None])
+            return len(self.writers) - 1
+
+    def closing(self, writer: int) -> None:
+        with self._lock:
+            self.writers[writer][2] = self._tick()
+
+    def acknowledged(self, session_id: str, text: str) -> None:
+        with self._lock:
+            self.acks.setdefault(session_id, []).append(text)
+
+    def labelled(self, session_id: str, labels: tuple[str, ...]) -> None:
+        with self._lock:
+            self.labels[session_id] = labels
+
+    def deleted(self, session_id: str) -> None:
+        with self._lock:
+            self.deletes.append((session_id, self._tick()))
+
+    def gone(self) -> set[str]:
+        return {session_id for session_id, _ in self.deletes}
+
+    def check_deletes(self) -> None:
+        """No delete completed while a writer that opened the session before it was still open
+        (that writer's acknowledged commits would go with the session); a writer fenced only
+        where its session was deleted under it."""
+        for session_id, done in self.deletes:
+            for writer, opened, closing in self.writers:
+                if writer == session_id and opened < done:
+                    assert closing is not None and closing < done, (
+                        f"session {session_id} was deleted while a writer held it"
+                    )
+        assert self.fenced <= self.gone(), self.fenced - self.gone()
+
+
+def _run_threads(work: Any, count: int) -> list[str]:
+    """Run `work(index)` on `count` threads; the tracebacks of those that raised."""
+    import traceback
+
+    errors: list[str] = []
+
+    def run(index: int) -> None:
+        try:
+            work(index)
+        except BaseException:
+            errors.append(traceback.format_exc())
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors
+
+
 class AsyncRepositoryContract(RepositoryContract):
     """The same tests through `sessionlog.repository_async`: each call of the async repository
     and of its stores runs to completion on the test's own event loop (`Blocking`)."""
@@ -273,6 +516,12 @@ class AsyncRepositoryContract(RepositoryContract):
     def repository(self, where: Path) -> Any:
         opened = self.loop.run_until_complete(sessionlog.repository_async(self.location(where)))
         return Blocking(opened, self.loop)
+
+    def test_one_repository_shared_by_eight_threads(self, tmp_path: Path) -> None:
+        pytest.skip("an async repository belongs to one event loop: tasks share it, not threads")
+
+    def test_threads_racing_to_label_and_list_one_session(self, tmp_path: Path) -> None:
+        pytest.skip("an async repository belongs to one event loop: tasks share it, not threads")
 
     def test_concurrent_first_writers_one_wins(self, tmp_path: Path) -> None:
         with self.repository(tmp_path) as repo:
