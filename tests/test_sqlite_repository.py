@@ -340,3 +340,46 @@ def test_a_session_id_in_a_message_is_shown_bounded(repo: Any) -> None:
     with pytest.raises(ValueError) as caught:
         repo.load(secret)
     assert secret not in str(caught.value) and secret[:30] not in str(caught.value)
+
+
+# -- 6. a -wal removed under a live writer --------------------------------------------------------
+
+_REMOVES_THE_WAL = """
+import os, sys
+import sessionlog
+from sessionlog.core import facts as F
+database = sys.argv[1]
+repo = sessionlog.repository("sqlite:///" + database)
+store = repo.create(provider="p", model="m")
+for number in range(5):
+    store.commit([F.user_message(f"acknowledged {number}")])
+print(store.load().session_id, flush=True)
+os.remove(database + "-wal")
+try:
+    store.commit([F.user_message("after the removal")])
+    print("acknowledged", flush=True)
+except sessionlog.SessionLogError as error:
+    print("refused", type(error).__name__, flush=True)
+os.kill(os.getpid(), 9)
+"""
+
+
+def test_a_wal_removed_under_a_live_writer_loses_no_acknowledged_commit(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    database = tmp_path / "sessions.db"
+    child = subprocess.run(
+        [sys.executable, "-c", _REMOVES_THE_WAL, str(database)], capture_output=True, text=True, timeout=120
+    )
+    assert child.returncode == -9, child.stderr
+    session_id, outcome = child.stdout.split("\n")[:2]
+    with sessionlog.repository(_location(database)) as repo:
+        data = repo.export(session_id)
+        assert all(f"acknowledged {number}".encode() in data for number in range(5))
+        if outcome == "acknowledged":
+            assert b"after the removal" in data
+        else:
+            assert outcome == "refused StorePoisonedError" and b"after the removal" not in data
+            with repo.open(session_id) as store:  # the killed writer is gone: taken over
+                store.commit([F.user_message("goes on")])

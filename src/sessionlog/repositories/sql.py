@@ -56,9 +56,12 @@ SQL = {
 }
 
 
-def gone(holder: str) -> bool:
+def gone(holder: str | None) -> bool:
     """Whether the writer named `holder` (`host:pid`, maybe `:token` after) was a process of this
-    host that has ended. Another host's writer is never known gone (only its lease can tell)."""
+    host that has ended. Another host's writer is never known gone (only its lease can tell); no
+    holder (None: released meanwhile) is no writer that ended."""
+    if not isinstance(holder, str):
+        return False
     host, _, rest = holder.partition(":")
     pid = rest.partition(":")[0]
     return host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid))

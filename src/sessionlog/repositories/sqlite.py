@@ -156,11 +156,14 @@ class SQLiteRepository(SQLRepository):
         where = "/" + where.lstrip("/")  # `//x` would name a URI's host
         self._uri = f"file:{urllib.parse.quote(where)}?mode={'rwc' if create else 'rw'}"
         self.connection = self.connect(empty_is_missing=not create)
+        self._wal_path = f"{self.path}-wal"
+        self._wal: tuple[int, int] | None = None
         try:
             migrate(self.transaction, STEPS, self.path)
         except BaseException:
             self.connection.close()
             raise
+        self._wal = _inode(self._wal_path)  # there from the first transaction while a connection is open
 
     def connect(self, *, empty_is_missing: bool = False) -> sqlite3.Connection:
         """A connection with this repository's settings; SessionPathError for a file that is not
@@ -229,6 +232,8 @@ class SQLiteRepository(SQLRepository):
     def begin(self, connection: sqlite3.Connection) -> None:
         """`BEGIN IMMEDIATE` (the write lock), retried with jitter while the database is busy;
         SessionLockedError once it stayed busy for a few seconds."""
+        if self._wal is not None and _inode(self._wal_path) != self._wal:
+            self._wal_removed(connection)
         try:
             connection.execute("begin immediate")
             return
@@ -246,6 +251,23 @@ class SQLiteRepository(SQLRepository):
                     raise SessionLockedError(
                         f"{self.path}: the database stayed busy for {_BUSY_SECONDS:.0f} s"
                     ) from None
+
+    def _wal_removed(self, connection: sqlite3.Connection) -> None:
+        """The -wal file is not the one this repository opened (it was removed or replaced): the
+        commits it holds that are not yet in the database would be lost when this process ends.
+        Copy them in through `connection`, which still has the removed file open, and refuse
+        every write from now on (a store is poisoned; reopen the repository to go on)."""
+        self._wal = (-1, -1)  # no file's: every later write comes here
+        try:
+            connection.execute("pragma wal_checkpoint(full)")
+        except sqlite3.Error as error:
+            raise os_error(error, self.path) from error
+        raise SessionPathError(
+            errno.EIO,
+            f"{self._wal_path} was removed or replaced under a live writer: the commits it held were "
+            "copied into the database; nothing more is written through this repository: reopen it",
+            self._wal_path,
+        )
 
     def _check_busy(self, error: sqlite3.OperationalError) -> None:
         if error.sqlite_errorcode & 0xFF not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
@@ -375,8 +397,6 @@ class SQLiteSession(SessionRows):
         super().__init__(repository, session_id, epoch)
         self.connection = connection
         self.owns_repository = owns_repository
-        self._wal_path = f"{repository.path}-wal"
-        self._wal = _inode(self._wal_path)
         # A store dropped without close() gives its hold back when it is collected (or at exit):
         # otherwise its row names a live process, and every other process sees it held.
         self._dropped = weakref.finalize(
@@ -396,8 +416,6 @@ class SQLiteSession(SessionRows):
 
     def append(self, line: bytes) -> None:
         connection = self.connection  # the hot path: `transaction()` without its generator
-        if _inode(self._wal_path) != self._wal:
-            self._wal_removed()
         self.repository.begin(connection)
         try:
             written = self.write(connection, (line,))
@@ -409,24 +427,6 @@ class SQLiteSession(SessionRows):
                 raise os_error(error, self.repository.path) from error
             raise
         self.advance(written)
-
-    def _wal_removed(self) -> None:
-        """The -wal file is not the one this writer opened (it was removed or replaced): the
-        commits it holds that are not yet in the database would be lost at this process's end.
-        Copy them in through this connection, which still has the removed file open, and refuse
-        to commit on (the store is poisoned)."""
-        try:
-            self.connection.execute("pragma wal_checkpoint(full)")
-        except sqlite3.Error as error:
-            raise os_error(error, self.repository.path) from error
-        finally:
-            self._wal = None  # reported once; every later commit meets the poisoned store
-        raise SessionPathError(
-            errno.EIO,
-            f"{self._wal_path} was removed or replaced under a live writer: its commits were copied "
-            "into the database; reopen the session to go on",
-            self._wal_path,
-        )
 
     def close(self) -> None:
         self._dropped.detach()
