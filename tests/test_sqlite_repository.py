@@ -284,6 +284,9 @@ def test_a_sqlite_url_with_three_slashes_is_relative_four_absolute(
     assert absolute.is_file()
     with pytest.raises(ValueError, match="sqlite:///"):
         sessionlog.repository("sqlite://host/x.db")
+    with pytest.raises(TypeError, match="create"):
+        sessionlog.repository("sqlite:///never.db?create=false")  # the text "false" is no False
+    assert not (tmp_path / "never.db").exists()
 
 
 # -- 10. create=False creates nothing -------------------------------------------------------------

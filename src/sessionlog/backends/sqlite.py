@@ -8,7 +8,8 @@ SQLite repository's database (`repositories.sqlite`), opened by path like a file
 A path is the database and, after `#`, a session id: without one it names the database's only
 session (`open`) or a database holding none yet (`create`); with one, `create` adds that session
 (its `session_id=` must be the same id). The rows, the single-writer rule and the fencing are the
-repository's: `sessionlog.repository("sqlite:///sessions.db")` (relative) lists and opens the same sessions.
+repository's: `sessionlog.repository("sqlite:///sessions.db")` (./sessions.db) lists and opens
+the same sessions.
 `sqlite` is the power class (WAL, `synchronous=FULL`), `sqlite-normal` the process class
 (`synchronous=NORMAL`). An async store's commits go through a writer thread of its own.
 """

@@ -32,9 +32,11 @@ def __getattr__(name: str) -> Any:
 
 def repository(location: str | os.PathLike[str], *, registry: Registry | None = None, **options: Any) -> Any:
     """The repository at `location`: a directory path (or `file://` URL) holding one session
-    file per session (`backend=` names the file backend, default `jsonl-fsync`); `sqlite:///path.db`,
-    one SQLite file holding many sessions (`durability=` `power`, the default, or `process`); or
-    a scheme a plugin registered (`register_repositories`)."""
+    file per session (`backend=` names the file backend, default `jsonl-fsync`); a SQLite URL,
+    one SQLite file holding many sessions, in SQLAlchemy's form (`sqlite:///relative/path.db`
+    from the current directory, `sqlite:////absolute/path.db`; `durability=` `power`, the
+    default, or `process`); or a scheme a plugin registered (`register_repositories`).
+    `create=False`: a missing location raises RepositoryNotFoundError and nothing is created."""
     text = os.fspath(location)
     scheme, separator, rest = text.partition("://")
     if not separator:

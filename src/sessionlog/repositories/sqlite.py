@@ -1,20 +1,35 @@
 """The SQLite repository: many sessions in one database file, one row per transaction line.
 
-    repo = sessionlog.repository("sqlite:///var/lib/agent/sessions.db")             # power class
-    repo = sessionlog.repository("sqlite:///sessions.db", durability="process")
+    repo = sessionlog.repository("sqlite:////var/lib/agent/sessions.db")            # absolute path
+    repo = sessionlog.repository("sqlite:///sessions.db", durability="process")  # ./sessions.db
 
-Schema (version 1, in `schema_version`): `sessions` (one summary row per session, updated in the
-same transaction as each commit) and `lines` (`(session_id, line_no)` primary key, each line
-byte for byte as the JSONL file would hold it, the header as line 1). WAL; `synchronous=FULL`
-for the power class, `NORMAL` for the process class; `foreign_keys=ON`.
+URLs in SQLAlchemy's form: `sqlite:///relative.db` (from the current directory),
+`sqlite:////absolute.db`. Schema (in `schema_version`): `sessions` (one summary row per
+session, updated in the same transaction as each commit) and `lines` (`(session_id, line_no)`
+primary key, each line byte for byte as the JSONL file would hold it, the header as line 1).
+WAL; `synchronous=FULL` for the power class, `NORMAL` for the process class; `foreign_keys=ON`.
+The database is created 0600 before SQLite opens it (its -wal and -shm take its mode);
+`create=False` creates nothing and raises RepositoryNotFoundError for a missing database. A
+database with tables sessionlog did not make is refused, unchanged.
 
 One writer per session: opening for writing takes the session's row (`writer` names the holder,
-`writer_epoch` is bumped) unless a live writer holds it (SessionLockedError naming it); a writer
-on this host whose process is gone is taken over. Every commit is `BEGIN IMMEDIATE`, an update
-of the summary row `WHERE session_id = ? AND writer_epoch = ? AND head_line = ?` (no row: the
-writer was fenced, nothing is written) and the insert of the line, then `COMMIT`. A busy
-database is retried with jitter for a short while, then reported as SessionLockedError; a raw
-`sqlite3.OperationalError` never escapes.
+`host:pid`, and `writer_epoch` is bumped) unless a live writer holds it (SessionLockedError
+naming it). A holder is known gone only when it was a process of this host that ended (taken
+over at once); a holder recorded under another host name (another machine, this container
+before a restart) is never known gone: `open(session_id, take_over=True)` takes the session,
+and that writer, if it lives, is fenced. A store dropped without `close()` gives its hold back
+when it is garbage-collected (or at exit). Every commit is `BEGIN IMMEDIATE`, an update of the
+summary row `WHERE session_id = ? AND writer_epoch = ? AND head_line = ?` (no row: the writer
+was fenced, nothing is written) and the insert of the line, then `COMMIT`. A busy database is
+retried with jitter for a short while, then reported as SessionLockedError; a raw sqlite3 error
+never escapes (SessionPathError for the file's failures, else RepositoryError).
+
+One repository object may be shared by threads: its own connection is used under a lock (one
+transaction at a time); each store has a connection of its own. A `-wal` file removed or
+replaced under a live repository (by another program: SQLite never does while a connection is
+open) is seen before the next write: the commits it held are copied into the database through
+the connection that still has it open, and every later write is refused (reopen the
+repository); without that, they would be lost when the process ends.
 """
 
 from __future__ import annotations
@@ -140,6 +155,8 @@ class SQLiteRepository(SQLRepository):
     ) -> None:
         if durability not in ("power", "process"):
             raise ValueError(f"durability is power or process, not {shown(durability)}")
+        if type(create) is not bool:  # `?create=false` in a URL is the text "false"
+            raise TypeError(f"create is True or False, not {shown(create)}")
         self.path = Path(path)
         if create:
             _create_private(self.path)

@@ -7,7 +7,7 @@ messages 0..N-1 in order (no gap, no duplicate), N is at least every number ackn
 the next child opens the session (taking over the dead writer's hold) and goes on; past 2,000
 lines the session is deleted once checked and the next child starts a new one.
 
-    python -m sessionlog.testing.repository_kills run sqlite:///tmp/x.db --kills 200 [--async]
+    python -m sessionlog.testing.repository_kills run sqlite:////tmp/x.db --kills 200 [--async]
 
 With `--async` the child commits eight messages at once through `repository_async` (for SQLite,
 one transaction of the writer thread holds them), each acknowledged as its commit returns.
