@@ -118,6 +118,10 @@ def write_into_place(destination: Path, data: bytes) -> None:
         while view:
             view = view[os.write(fd, view) :]
         os.fsync(fd)
+    except BaseException:  # a full disk: the partial copy must not stay behind
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
     finally:
         os.close(fd)
     link_into_place(temp, destination)

@@ -143,7 +143,10 @@ class Index:
             connection.executemany("insert or replace into sessions values (?, ?, ?, ?, ?)", rows)
             connection.executemany("delete from sessions where session_id = ?", names)
 
-        self._write("list", None, work)
+        with self._lock:  # a cache: never the reason an index is made (create=False reads)
+            if self._connection is None and not self.open(create=False):
+                return
+            self._write("list", None, work)
 
     def forget(self, session_id: str) -> None:
         def work(connection: sqlite3.Connection) -> None:
@@ -246,11 +249,11 @@ class Index:
         except sqlite3.Error as error:
             raise _mapped(error, "open", self.path, None) from error
         try:
-            self._run("open", None, lambda connection: connection.execute("pragma journal_mode=wal"))
-            self._run("open", None, _check_shape)
+            self._run("open", None, _check_shape)  # before anything changes a foreign file
             try:
                 if self._run("open", None, version_of) is None:
                     raise Damaged("its schema_version table is not one sessionlog wrote")
+                self._run("open", None, lambda connection: connection.execute("pragma journal_mode=wal"))
                 migrate(self._transaction, STEPS, self.path)
             except ValueError as error:  # another application's schema_version ('1.0.3')
                 raise Damaged(str(error)) from error
