@@ -6,6 +6,7 @@ SIGSTOP, another connection's row lock, `pg_terminate_backend`, a server restart
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -209,3 +210,53 @@ def test_two_workers_never_claim_the_same_dead_writers_session(postgres_server: 
     for thread in threads:
         thread.join()
     assert sorted(claimed) == sorted(ids)
+
+
+# -- a dropped connection stops one batch, not the repository ---------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["terminate", "restart"])
+def test_the_async_writer_replaces_a_dropped_connection(fault: str, postgres_server: PostgresServer) -> None:
+    """The batch in flight when the writer's connection dropped is poisoned (typed); every other
+    session, and the poisoned one reopened, go on through a new connection."""
+    url = postgres_server.new_database()
+
+    async def main() -> None:
+        repo = await sessionlog.repository_async(url)
+        first, second = await repo.create(**HEADER), await repo.create(**HEADER)
+        await first.commit(F.accept_prompt("first"))
+        await second.commit(F.accept_prompt("second"))
+        first_id = (await first.load()).session_id
+        if fault == "terminate":
+            sql(url, "select pg_terminate_backend(%s)", repo.writer.connection.info.backend_pid)
+        else:
+            postgres_server.kill()
+            postgres_server.restart()
+        with pytest.raises(sessionlog.StorePoisonedError) as caught:
+            await first.commit([F.user_message("in flight")])
+        assert isinstance(caught.value.__cause__, sessionlog.SessionLogError), caught.value.__cause__
+        await second.commit([F.user_message("goes on")])
+        assert [info.session_id for info in await repo.list()]  # the pool's connections too
+        await first.close()
+        reopened = await repo.open(first_id)
+        await reopened.commit([F.user_message("reopened")])
+        assert [m["content"] for m in (await repo.load(first_id)).transcript][-1] == "reopened"
+        await reopened.close()
+        await second.close()
+        await repo.close()
+
+    asyncio.run(main())
+
+
+def test_a_sync_repository_goes_on_after_a_server_restart(postgres_server: PostgresServer) -> None:
+    url = postgres_server.new_database()
+    with sessionlog.repository(url) as repo:
+        store = repo.create(**HEADER)
+        store.commit(F.accept_prompt("before the restart"))
+        session_id = store.load().session_id
+        postgres_server.kill()
+        postgres_server.restart()
+        assert [info.session_id for info in repo.list()] == [session_id]
+        store.commit([F.user_message("after the restart")])
+        assert contents(repo, session_id) == ["before the restart", "after the restart"]
+        store.close()

@@ -104,3 +104,36 @@ def test_sqlite_a_fenced_session_fails_alone_in_a_shared_transaction(tmp_path: P
         await repo.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_closing_the_repository_before_its_stores_never_hangs(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The next commit of a store whose repository was closed is refused, typed, and its close
+    returns; the session is free for the next writer."""
+    if kind == "postgresql":
+        location = request.getfixturevalue("postgres_server").new_database()
+    else:
+        location = _location(kind, tmp_path)
+
+    async def main() -> None:
+        repo = await sessionlog.repository_async(location)
+        store = await repo.create(**HEADER)
+        await store.commit(F.accept_prompt("before the close"))
+        session_id = (await store.load()).session_id
+        await repo.close()
+        # generous bounds: only a hang detector, never a timing verdict
+        with pytest.raises((sessionlog.StoreClosedError, sessionlog.StorePoisonedError)):
+            await asyncio.wait_for(store.commit([F.user_message("after the close")]), 60)
+        await asyncio.wait_for(store.close(), 60)
+        with pytest.raises(sessionlog.SessionLogError):
+            await asyncio.wait_for(repo.list(), 60)
+        again = await sessionlog.repository_async(location)
+        reopened = await again.open(session_id)
+        assert [m["content"] for m in (await reopened.load()).transcript] == ["before the close"]
+        await reopened.commit([F.user_message("the next writer")])
+        await reopened.close()
+        await again.close()
+
+    asyncio.run(main())

@@ -7,12 +7,18 @@ that thread only). Commits:
 * a directory's sessions are `jsonl-group` files (or `jsonl-async` for a `jsonl` repository):
   group commit per session, as `open_async` gives them; with `backend="jsonl-syncfs"` the
   commits of all its sessions share one `syncfs` a round (Linux; `backends.syncfs_file`);
-* a SQLite repository funnels the commits of **all** its sessions through one writer thread
-  (`BatchWriter`): every batch queued while the previous transaction was being written goes
-  into one SQLite transaction, so one sync covers many sessions. A session's batch starts with
-  the fenced update of its summary row, so one that is fenced has written nothing and fails
+* a SQLite or PostgreSQL repository funnels the commits of **all** its sessions through one
+  writer thread (`BatchWriter`): every batch queued while the previous transaction was being
+  written goes into one transaction, so one sync covers many sessions. A session's batch starts
+  with the fenced update of its summary row, so one that is fenced has written nothing and fails
   alone, never its neighbours (no savepoint is needed). A commit is acknowledged only after the
   transaction holding it committed.
+
+A transaction that fails poisons the stores of its batch (typed: CommitOutcomeUnknownError when
+the connection broke during COMMIT) and the writer's connection is replaced: the next batch, of
+any session, goes through a new one (a server restart or `pg_terminate_backend` stops one batch,
+not the repository). Once the repository is closed its stores' commits are refused at once
+(StoreClosedError) and their `close()` returns; the sessions they held are released.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import concurrent.futures
+import contextlib
 import functools
 import queue
 import threading
@@ -28,11 +35,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..core.async_store import AsyncSessionStore
+from ..core.errors import RepositoryError, SessionLogError, StoreClosedError
 from ..core.state import SessionState
 from ..opening import create_async, open_async
 from .base import AsyncRepositoryBase, checked_labels
 from .directory import DirectoryRepository
 from .info import SessionInfo
+from .locations import masked
 from .rows import SessionRows
 from .sql import SQLRepository
 
@@ -48,9 +57,13 @@ class AsyncRepository(AsyncRepositoryBase):
     def __init__(self, sync: Any, *, owns_sync: bool = True) -> None:
         self.sync = sync
         self.owns_sync = owns_sync  # close the sync repository at close (it is this one's)
+        self.closed = False
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sessionlog-repository")
 
     async def _call(self, function: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        if self.closed:
+            name = getattr(function, "__name__", "call").strip("_")
+            raise RepositoryError(name, masked(str(self.sync.path)), "the repository is closed")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(function, *args, **kwargs))
 
@@ -90,8 +103,12 @@ class AsyncRepository(AsyncRepositoryBase):
         return await self._call(self.sync.unfinished)
 
     async def close(self) -> None:
+        """Idempotent. Calls after it raise RepositoryError (a store's: StoreClosedError)."""
+        if self.closed:
+            return
         if self.owns_sync:
             await self._call(self.sync.close)
+        self.closed = True
         self._executor.shutdown()
 
     async def __aenter__(self) -> AsyncRepository:
@@ -151,7 +168,7 @@ class AsyncSQLRepository(AsyncRepository):
         )
 
     async def close(self) -> None:
-        await asyncio.to_thread(self.writer.close)
+        await asyncio.to_thread(self.writer.close)  # what was queued before lands first
         await super().close()
 
 
@@ -165,6 +182,9 @@ class AsyncRowsSession(SessionRows):
         super().__init__(owner.sync, session_id, epoch)
         self.owner = owner
         self.owner_closes = owner_closes  # the store owns its repository (the `sqlite-async` backend)
+        heartbeat = getattr(owner.sync, "heartbeat", None)  # a repository whose holds are leases
+        if heartbeat is not None and epoch:
+            heartbeat.attach((session_id, epoch), self)
 
     def _with_connection(self, work: Callable[..., _T], *args: Any) -> _T:
         with self.repository.reading() as connection:
@@ -180,6 +200,9 @@ class AsyncRowsSession(SessionRows):
         await asyncio.wrap_future(self.owner.writer.submit(self, lines))
 
     async def close(self) -> None:
+        if self.owner.closed:  # the repository released its holds as it closed
+            self.repository.forget_hold(self.session_id, self.epoch)
+            return
         if self.epoch:
             await self.owner._call(self._with_connection, self.release)
         if self.owner_closes:
@@ -191,24 +214,46 @@ _Batch = tuple[SessionRows, list[bytes], "concurrent.futures.Future[None]"]
 
 class BatchWriter:
     """One thread with its own connection: the batches of every session queued meanwhile go into
-    one transaction (a fenced one wrote nothing and fails alone)."""
+    one transaction (a fenced one wrote nothing and fails alone). A failed transaction fails its
+    batch and ends the connection; the next batch opens a new one."""
 
     def __init__(self, repository: SQLRepository) -> None:
         self.repository = repository
         self._queue: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
-        self.connection = repository.connect()
-        self._thread = threading.Thread(target=self._run, name="sessionlog-sqlite-writer", daemon=True)
+        self._lock = threading.Lock()  # `closed` and the queue's end marker, together
+        self.closed = False
+        self.connection: Any = repository.connect()
+        self._thread = threading.Thread(target=self._run, name="sessionlog-writer", daemon=True)
         self._thread.start()
 
     def submit(self, rows: SessionRows, lines: list[bytes]) -> concurrent.futures.Future[None]:
         future: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._queue.put((rows, lines, future))
+        with self._lock:
+            if not self.closed:
+                self._queue.put((rows, lines, future))
+                return future
+        future.set_exception(
+            StoreClosedError(
+                f"{masked(str(self.repository.path))}: the repository was closed; this commit of session "
+                f"{rows.session_id} was not written"
+            )
+        )
         return future
 
     def close(self) -> None:
-        self._queue.put(None)
+        """Write what was queued, then end the thread and its connection. Idempotent."""
+        with self._lock:
+            if not self.closed:
+                self.closed = True
+                self._queue.put(None)
         self._thread.join()
-        self.connection.close()
+        self._drop_connection()
+
+    def _drop_connection(self) -> None:
+        connection, self.connection = self.connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                connection.close()
 
     def _run(self) -> None:
         stopping = False
@@ -230,13 +275,16 @@ class BatchWriter:
 
     def _write(self, batch: list[_Batch]) -> None:
         try:
+            if self.connection is None:
+                self.connection = self.repository.connect()
             with self.repository.transaction(self.connection) as connection:
                 outcomes = self.repository.write_batch(
                     connection, [(rows, lines) for rows, lines, _ in batch]
                 )
-        except BaseException as error:  # the transaction failed: none of it was committed
-            for _, _, future in batch:
-                future.set_exception(error)
+        except BaseException as error:  # the transaction failed: none of it was committed, or unknown
+            self._drop_connection()  # maybe broken (a restarted server): the next batch connects anew
+            for rows, _, future in batch:
+                future.set_exception(self._typed(error, rows.session_id))
             return
         for (rows, _, future), written in zip(batch, outcomes, strict=True):
             if isinstance(written, BaseException):
@@ -244,6 +292,16 @@ class BatchWriter:
             else:
                 rows.advance(written)
                 future.set_result(None)
+
+    def _typed(self, error: BaseException, session_id: str) -> BaseException:
+        """What a session of the failed batch is told: a driver's error as the typed one."""
+        if isinstance(error, SessionLogError) or not isinstance(error, Exception):
+            return error
+        typed = self.repository.typed_error(error, "commit", session_id)
+        if typed is None:
+            return error
+        typed.__cause__ = error
+        return typed
 
 
 async def repository_async(location: str | Path, **options: Any) -> AsyncRepository:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import secrets
 import socket
 import time
@@ -45,13 +46,17 @@ from typing import Any, Literal
 from ..core.errors import (
     CommitOutcomeUnknownError,
     DurabilityUnavailableError,
+    RepositoryError,
+    RepositoryNotFoundError,
     SessionChangedError,
     SessionExistsError,
     SessionLockedError,
+    SessionLogError,
     SessionPathError,
 )
 from ..core.store import BackendInfo, SessionStore
 from .leases import Heartbeat, Key
+from .locations import mask_in, masked
 from .rows import SessionRows
 from .sql import SQLRepository, gone, statements
 
@@ -101,6 +106,7 @@ ASYNC_INFOS = {
 }
 _LIVE_WRITER = "case when writer is not null and lease_expires_at > now() then writer end"
 # The holds of one writer, as two arrays (session ids, epochs), and its rows among the sessions.
+_NO_DATABASE = re.compile(r'database "[^"]*" does not exist')
 _HELD = "unnest(%s::text[], %s::bigint[]) as h (session_id, epoch)"
 _MINE = "s.session_id = h.session_id and s.writer_epoch = h.epoch and s.writer = %s"
 
@@ -131,6 +137,7 @@ class PostgresRepository(SQLRepository):
         lease_seconds: float = 30.0,
         migrate: bool = True,
         max_connections: int = 16,
+        create: bool = True,
     ) -> None:
         psycopg = _import_psycopg()
         if (location is None) == (pool is None):
@@ -175,32 +182,39 @@ class PostgresRepository(SQLRepository):
         self.me = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.psycopg = psycopg
         self.pool, self.owns_pool = pool, pool is None
+        # What a driver's message may quote of the location (its password is masked out of it).
+        self.location = str(location) if location is not None else str(getattr(pool, "conninfo", ""))
+        self.path = masked(self.location) if location is not None else "postgresql:(a pool)"
         if pool is not None:
-            with pool.connection() as connection:
+            with self.failing_as("open the repository"), pool.connection() as connection:
                 self.path = _display(connection.info)
         else:
-            self.path = self._own_pool(str(location), max_connections)
+            self.path = self._own_pool(str(location), max_connections, create=create)
         self.heartbeat = Heartbeat(self._renew, self.lease_seconds, self.path)
         try:
-            with self.pool.connection() as connection:
+            with self.failing_as("open the repository"), self.pool.connection() as connection:
                 self._check_class(connection, durability)
-                self._migrate(connection, run=migrate)
+                self._migrate(connection, run=migrate, create=create)
         except BaseException:
             self.close()
             raise
 
-    def _own_pool(self, location: str, max_connections: int) -> str:
+    def _own_pool(self, location: str, max_connections: int, *, create: bool = True) -> str:
         """Check the server can be reached (a typed error naming it, never the password), then
-        open a pool of autocommit connections with this class's settings; the display name."""
+        open a pool of autocommit connections with this class's settings; the display name.
+        Pooled connections are checked as they are lent, so a pool outlives a server restart."""
         from psycopg_pool import ConnectionPool
 
         try:
             with self.psycopg.connect(location, connect_timeout=10) as probe:
                 display = _display(probe.info)
         except self.psycopg.Error as error:
-            raise SessionPathError(
-                errno.ECONNREFUSED, f"cannot connect to PostgreSQL: {_without_secrets(error, location)}"
-            ) from None
+            problem = self.problem(error)
+            if not create and _NO_DATABASE.search(problem):
+                raise RepositoryNotFoundError(
+                    errno.ENOENT, f"no PostgreSQL database at {self.path} ({problem})", self.path
+                ) from None
+            raise SessionPathError(errno.ECONNREFUSED, f"cannot connect to PostgreSQL: {problem}") from None
 
         def configure(connection: Any) -> None:
             connection.autocommit = True
@@ -210,6 +224,7 @@ class PostgresRepository(SQLRepository):
             min_size=1,
             max_size=max_connections,
             configure=configure,
+            check=ConnectionPool.check_connection,
             open=True,
             name="sessionlog",
         )
@@ -246,9 +261,11 @@ class PostgresRepository(SQLRepository):
                     "needs pg_monitor to see it)"
                 )
 
-    def _migrate(self, connection: Any, *, run: bool) -> None:
+    def _migrate(self, connection: Any, *, run: bool, create: bool = True) -> None:
         """Bring the schema to SCHEMA_VERSION under the advisory lock (or, with `run=False`,
-        only check it is there: the runtime role may lack the rights to change it)."""
+        only check it is there: the runtime role may lack the rights to change it). With
+        `create=False` nothing is written: no schema is RepositoryNotFoundError."""
+        run = run and create
         with self.transaction(connection) as open_connection:
             if run:
                 open_connection.execute("select pg_advisory_xact_lock(%s)", (_LOCK,))
@@ -260,6 +277,12 @@ class PostgresRepository(SQLRepository):
                     0, f"{self.path}: sessionlog.sessions is another application's table; nothing was changed"
                 )
             found = self.found_version = 0
+            if version_table is None and not create:
+                raise RepositoryNotFoundError(
+                    errno.ENOENT,
+                    f"no sessionlog repository in {self.path} (no schema sessionlog); nothing was created",
+                    self.path,
+                )
             if version_table is not None:
                 found = open_connection.execute(
                     "select max(version) from sessionlog.schema_version"
@@ -340,7 +363,22 @@ class PostgresRepository(SQLRepository):
 
     def connect(self) -> Any:
         """A connection of its own (the async repository's writer thread)."""
-        return self.psycopg.connect(self.pool.conninfo, autocommit=True)
+        with self.failing_as("connect"):
+            return self.psycopg.connect(self.pool.conninfo, autocommit=True, connect_timeout=10)
+
+    # -- errors ------------------------------------------------------------------------------------
+
+    def problem(self, error: BaseException) -> str:
+        """A driver's message, first line, without the password whatever the location's shape."""
+        text = str(error).strip()
+        return mask_in(text.splitlines()[0] if text else type(error).__name__, self.location)
+
+    def typed_error(self, error: Exception, operation: str, session_id: str | None) -> SessionLogError | None:
+        """A psycopg error (pool ones included) as RepositoryError naming the operation and the
+        session; anything else is not the driver's (None: raised as it is)."""
+        if not isinstance(error, self.psycopg.Error):
+            return None
+        return RepositoryError(operation, self.path, self.problem(error), session_id)
 
     @contextlib.contextmanager
     def transaction(self, connection: Any = None) -> Iterator[Any]:
@@ -359,10 +397,8 @@ class PostgresRepository(SQLRepository):
             with contextlib.suppress(psycopg.Error):
                 connection.rollback()
             if isinstance(error, psycopg.errors.UniqueViolation):
-                raise SessionExistsError(0, f"{self.path}: {error}") from None
-            if isinstance(error, psycopg.Error):
-                raise SessionPathError(errno.EIO, f"{self.path}: {error}") from error
-            raise
+                raise SessionExistsError(0, f"{self.path}: {self.problem(error)}") from None
+            raise  # a driver's error: the public method's `failing_as` types it
         with self._committing(connection, "COMMIT"):
             connection.commit()
 
@@ -376,11 +412,9 @@ class PostgresRepository(SQLRepository):
         except self.psycopg.OperationalError as error:
             connection.close()
             raise CommitOutcomeUnknownError(
-                f"{self.path}: the connection broke during {what} ({error}); the commit may or may not "
-                "have landed: reopen the session to read which"
+                f"{self.path}: the connection broke during {what} ({self.problem(error)}); the commit "
+                "may or may not have landed: reopen the session to read which"
             ) from error
-        except self.psycopg.Error as error:
-            raise SessionPathError(errno.EIO, f"{self.path}: {what} failed: {error}") from error
 
     def commit_alone(self, rows: SessionRows, lines: Sequence[bytes]) -> None:
         """One session's commit: its one `append` statement on an autocommit connection (its
@@ -432,56 +466,59 @@ class PostgresRepository(SQLRepository):
         """The session's lines in key order, fetched in binary: the primary key's index scan
         gives that order (the planner is told not to sort instead: a sort of a long session
         can spill to disk), all of it sent in one pipeline."""
-        if connection is None:
-            with self.reading() as reader:
-                return self.read(session_id, reader)
-        session_id = self._id(session_id)
-        with connection.pipeline(), connection.transaction():
-            connection.execute("set local enable_sort = off")
-            lines = connection.execute(self.sql["lines"], (session_id,), binary=True)
-            exists = connection.execute(self.sql["exists"], (session_id,))
-        rows = lines.fetchall()
-        if not rows and not exists.fetchone():
-            raise self._missing(session_id)
-        return b"".join(row[0] for row in rows)
+        with self.failing_as("read", session_id):
+            if connection is None:
+                with self.reading() as reader:
+                    return self.read(session_id, reader)
+            session_id = self._id(session_id)
+            with connection.pipeline(), connection.transaction():
+                connection.execute("set local enable_sort = off")
+                lines = connection.execute(self.sql["lines"], (session_id,), binary=True)
+                exists = connection.execute(self.sql["exists"], (session_id,))
+            rows = lines.fetchall()
+            if not rows and not exists.fetchone():
+                raise self._missing(session_id)
+            return b"".join(row[0] for row in rows)
 
     # -- writers -----------------------------------------------------------------------------------
 
     def open(self, session_id: str, *, take_over: bool = False) -> SessionStore:
         """The session for writing; SessionLockedError while another writer's lease runs
         (`take_over=True`: take it anyway; that writer is fenced at its next commit)."""
-        backend = PostgresSession(self, session_id, self.claim(session_id, take_over=take_over))
-        return SessionStore.open_backend(backend, self.store_path(session_id), self.info)
+        with self.failing_as("open", session_id):
+            backend = PostgresSession(self, session_id, self.claim(session_id, take_over=take_over))
+            return SessionStore.open_backend(backend, self.store_path(session_id), self.info)
 
     def claim(self, session_id: str, connection: Any = None, *, take_over: bool = False) -> int:
-        session_id = self._id(session_id)
-        since = time.monotonic()  # the lease is counted from before the statement was sent
-        with self.transaction(connection) as open_connection:
-            take = (
-                "update sessionlog.sessions set writer = %s, writer_epoch = writer_epoch + 1, "
-                f"lease_expires_at = now() + {self.lease} where session_id = %s "
-            )
-            row = open_connection.execute(
-                take + "and (writer is null or lease_expires_at <= now() or %s) returning writer_epoch",
-                (self.me, session_id, take_over),
-            ).fetchone()
-            if row is None:
-                holder = open_connection.execute(
-                    "select writer, lease_expires_at from sessionlog.sessions where session_id = %s",
-                    (session_id,),
+        with self.failing_as("open", session_id):
+            session_id = self._id(session_id)
+            since = time.monotonic()  # the lease is counted from before the statement was sent
+            with self.transaction(connection) as open_connection:
+                take = (
+                    "update sessionlog.sessions set writer = %s, writer_epoch = writer_epoch + 1, "
+                    f"lease_expires_at = now() + {self.lease} where session_id = %s "
+                )
+                row = open_connection.execute(
+                    take + "and (writer is null or lease_expires_at <= now() or %s) returning writer_epoch",
+                    (self.me, session_id, take_over),
                 ).fetchone()
-                if holder is None:
-                    raise self._missing(session_id)
-                if gone(holder[0]):  # a writer of this host whose process ended: no need to wait
-                    row = open_connection.execute(
-                        take + "and writer = %s returning writer_epoch", (self.me, session_id, holder[0])
-                    ).fetchone()
                 if row is None:
-                    lease = f"lease until {holder[1]}"
-                    raise SessionLockedError(
-                        f"session {session_id} in {self.path} is held by {holder[0]} ({lease})"
-                    )
-        return self._held_from(session_id, int(row[0]), since)
+                    holder = open_connection.execute(
+                        "select writer, lease_expires_at from sessionlog.sessions where session_id = %s",
+                        (session_id,),
+                    ).fetchone()
+                    if holder is None:
+                        raise self._missing(session_id)
+                    if gone(holder[0]):  # a writer of this host whose process ended: no need to wait
+                        row = open_connection.execute(
+                            take + "and writer = %s returning writer_epoch", (self.me, session_id, holder[0])
+                        ).fetchone()
+                    if row is None:
+                        lease = f"lease until {holder[1]}"
+                        raise SessionLockedError(
+                            f"session {session_id} in {self.path} is held by {holder[0]} ({lease})"
+                        )
+            return self._held_from(session_id, int(row[0]), since)
 
     def holds(self, holder: Any, session_id: str) -> bool:
         """A writer whose lease runs, unless it was a process of this host that ended."""
@@ -492,24 +529,26 @@ class PostgresRepository(SQLRepository):
         writer a process of this host that ended, as `open` takes over), opened for writing;
         None when there is none. Two workers calling this never get the same one: the candidates
         are locked `FOR UPDATE SKIP LOCKED` while one is chosen and taken."""
-        since = time.monotonic()
-        with self.transaction() as connection:
-            candidates = connection.execute(
-                "select session_id, writer, writer is null or lease_expires_at <= now() "
-                "from sessionlog.sessions where not idle and (writer is null or lease_expires_at <= now() "
-                "or split_part(writer, ':', 1) = %s) order by updated_at limit 64 for update skip locked",
-                (socket.gethostname(),),
-            ).fetchall()
-            chosen = next((row[0] for row in candidates if row[2] or gone(row[1])), None)
-            if chosen is None:
-                return None
-            epoch = connection.execute(
-                "update sessionlog.sessions set writer = %s, writer_epoch = writer_epoch + 1, "
-                f"lease_expires_at = now() + {self.lease} where session_id = %s returning writer_epoch",
-                (self.me, chosen),
-            ).fetchone()[0]
-        backend = PostgresSession(self, chosen, self._held_from(chosen, int(epoch), since))
-        return SessionStore.open_backend(backend, self.store_path(chosen), self.info)
+        with self.failing_as("claim_unfinished"):
+            since = time.monotonic()
+            with self.transaction() as connection:
+                candidates = connection.execute(
+                    "select session_id, writer, writer is null or lease_expires_at <= now() "
+                    "from sessionlog.sessions where not idle and (writer is null or "
+                    "lease_expires_at <= now() or split_part(writer, ':', 1) = %s) "
+                    "order by updated_at limit 64 for update skip locked",
+                    (socket.gethostname(),),
+                ).fetchall()
+                chosen = next((row[0] for row in candidates if row[2] or gone(row[1])), None)
+                if chosen is None:
+                    return None
+                epoch = connection.execute(
+                    "update sessionlog.sessions set writer = %s, writer_epoch = writer_epoch + 1, "
+                    f"lease_expires_at = now() + {self.lease} where session_id = %s returning writer_epoch",
+                    (self.me, chosen),
+                ).fetchone()[0]
+            backend = PostgresSession(self, chosen, self._held_from(chosen, int(epoch), since))
+            return SessionStore.open_backend(backend, self.store_path(chosen), self.info)
 
 
 class PostgresSession(SessionRows):
@@ -523,15 +562,16 @@ class PostgresSession(SessionRows):
             repository.heartbeat.attach((session_id, epoch), self)
 
     def read(self) -> bytes:
-        with self.repository.reading() as connection:
+        with self.repository.failing_as("open", self.session_id), self.repository.reading() as connection:
             return self.load(connection)
 
     def truncate(self, length: int) -> None:
-        with self.repository.reading() as connection:
+        with self.repository.failing_as("open", self.session_id), self.repository.reading() as connection:
             self.cut(connection, length)
 
     def append(self, line: bytes) -> None:
-        self.repository.commit_alone(self, (line,))
+        with self.repository.failing_as("commit", self.session_id):
+            self.repository.commit_alone(self, (line,))
 
     def close(self) -> None:
         if self.epoch:
@@ -546,18 +586,3 @@ def _columns(keys: Sequence[Key]) -> tuple[list[str], list[int]]:
 def _display(info: Any) -> str:
     """`postgresql:HOST:PORT/DATABASE`: the server, never the password."""
     return f"postgresql:{info.host}:{info.port}/{info.dbname}"
-
-
-def _without_secrets(error: Exception, location: str) -> str:
-    """The error's message with any part of the location that holds a secret removed."""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    from urllib.parse import urlsplit
-
-    with contextlib.suppress(ValueError):
-        password = urlsplit(location).password
-        if password:
-            text = text.replace(password, "***")
-    for part in location.split():
-        if part.startswith("password="):
-            text = text.replace(part.partition("=")[2], "***")
-    return text
