@@ -386,3 +386,57 @@ def test_a_wal_removed_under_a_live_writer_loses_no_acknowledged_commit(tmp_path
             assert outcome == "refused StorePoisonedError" and b"after the removal" not in data
             with repo.open(session_id) as store:  # the killed writer is gone: taken over
                 store.commit([F.user_message("goes on")])
+
+
+# -- a closed repository, a read-only filesystem ---------------------------------------------------
+
+
+def test_every_operation_of_a_closed_repository_is_refused_typed(tmp_path: Path) -> None:
+    repo = sessionlog.repository(_location(tmp_path / "sessions.db"))
+    with repo.create(**HEADER) as store:
+        store.commit([F.user_message("one")])
+        session_id = store.load().session_id
+    data = repo.export(session_id)
+    repo.close()
+    calls = {
+        "create": lambda: repo.create(**HEADER),
+        "open": lambda: repo.open(session_id),
+        "load": lambda: repo.load(session_id),
+        "export": lambda: repo.export(session_id),
+        "import": lambda: repo.import_(data),
+        "fork": lambda: repo.fork(session_id, 1),
+        "delete": lambda: repo.delete(session_id),
+        "label": lambda: repo.label(session_id, ["x"]),
+        "list": lambda: repo.list(),
+        "latest": lambda: repo.latest(),
+        "unfinished": lambda: repo.unfinished(),
+    }
+    for operation, call in calls.items():
+        with pytest.raises(sessionlog.RepositoryError, match="closed") as caught:
+            call()
+        assert caught.value.operation in (operation, "create"), operation
+    with sessionlog.repository(_location(tmp_path / "sessions.db")) as again:
+        assert again.export(session_id) == data  # nothing changed
+
+
+def test_a_database_on_a_read_only_filesystem_is_a_typed_error(tmp_path: Path) -> None:
+    import subprocess
+
+    from sessionlog.testing.faults import mount_tiny_tmpfs, unmount
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    why = mount_tiny_tmpfs(folder, "1m")
+    if why is not None:
+        pytest.skip(f"no filesystem to make read-only here: {why}")
+    try:
+        with sessionlog.repository(_location(folder / "sessions.db")) as repo, repo.create(**HEADER) as store:
+            store.commit([F.user_message("one")])
+        if subprocess.run(["mount", "-o", "remount,ro", str(folder)], capture_output=True).returncode:
+            pytest.skip("the filesystem cannot be remounted read-only here")
+        for create in (True, False):
+            with pytest.raises(sessionlog.SessionPathError, match=r"sessions\.db") as caught:
+                sessionlog.repository(_location(folder / "sessions.db"), create=create)
+            assert isinstance(caught.value.__cause__, sqlite3.Error)
+    finally:
+        unmount(folder)

@@ -22,6 +22,7 @@ import orjson
 
 from ..backends.jsonl_file import process_alive
 from ..core.errors import (
+    RepositoryError,
     SessionChangedError,
     SessionExistsError,
     SessionLockedError,
@@ -37,6 +38,7 @@ from ..core.store import BackendInfo, SessionStore
 from ..opening import _header
 from .base import RepositoryBase, checked_labels, fork_bytes
 from .info import Candidate, Filters, SessionInfo, page
+from .locations import masked
 from .rows import ROW_SQL, SessionRows, summary_row
 
 SQL = {
@@ -144,6 +146,12 @@ class SQLRepository(RepositoryBase):
     def close(self) -> None:
         raise NotImplementedError
 
+    @property
+    def closed(self) -> bool:
+        """Whether the repository was closed: every operation is then refused, typed (a
+        RepositoryError), before it reaches the driver."""
+        return False
+
     def typed_error(self, error: Exception, operation: str, session_id: str | None) -> SessionLogError | None:
         """The typed error a driver's `error` during `operation` is (a RepositoryError naming
         the operation and the session, say), or None for one that is not the driver's (a
@@ -154,6 +162,8 @@ class SQLRepository(RepositoryBase):
     def failing_as(self, operation: str, session_id: str | None = None) -> Iterator[None]:
         """Run one public operation: a SessionLogError passes as it is, a driver's error leaves
         as the typed error `typed_error` makes of it (the driver's as its `__cause__`)."""
+        if self.closed:
+            raise RepositoryError(operation, masked(str(self.path)), "the repository is closed", session_id)
         try:
             yield
         except SessionLogError:
@@ -203,15 +213,17 @@ class SQLRepository(RepositoryBase):
         labels: Iterable[str] = (),
     ) -> str:
         """A new session's rows (its header line); its id."""
-        session_id = new_id()
-        header = _header(provider, model, cwd, environment_identity, session_id)
-        self._insert(session_id, [header], checked_labels(labels))
-        return session_id
+        with self.failing_as("create"):
+            session_id = new_id()
+            header = _header(provider, model, cwd, environment_identity, session_id)
+            self._insert(session_id, [header], checked_labels(labels))
+            return session_id
 
     def insert_header(self, header: bytes, *, alone: bool = False) -> None:
         """A new session whose header line (validated) is `header`; `alone`: only into a
         database holding no session yet."""
-        self._insert(self._id(orjson.loads(header)["id"]), [header], [], alone=alone)
+        with self.failing_as("create"):
+            self._insert(self._id(orjson.loads(header)["id"]), [header], [], alone=alone)
 
     def _insert(
         self, session_id: str, lines: builtins.list[bytes], labels: builtins.list[str], *, alone: bool = False

@@ -169,6 +169,7 @@ class SQLiteRepository(SQLRepository):
         # One connection of the repository's, shared by the threads that call it: one of them at
         # a time in it (SQLite has one transaction per connection). A store has a connection of its own.
         self._lock = threading.RLock()
+        self._closed = False
         where = str(self.path.absolute())
         where = "/" + where.lstrip("/")  # `//x` would name a URI's host
         self._uri = f"file:{urllib.parse.quote(where)}?mode={'rwc' if create else 'rw'}"
@@ -190,35 +191,51 @@ class SQLiteRepository(SQLRepository):
             connection = sqlite3.connect(
                 self._uri, uri=True, isolation_level=None, timeout=0.05, check_same_thread=False
             )
-            tables = {
-                row[0]
-                for row in connection.execute("select name from sqlite_master where type = 'table'")
-                if not row[0].startswith("sqlite_")
-            }
-            if not tables and empty_is_missing:
-                connection.close()
-                raise RepositoryNotFoundError(
-                    errno.ENOENT, f"{self.path} holds no sessionlog database (it is empty)", str(self.path)
-                )
-            if tables and not _ours(connection, tables):
-                connection.close()
-                raise SessionPathError(
-                    0,
-                    f"{self.path} is another application's SQLite database (tables {sorted(tables)[:5]}); "
-                    "it was not changed",
-                    str(self.path),
-                )
+        except sqlite3.Error as error:
+            raise self._unusable(error) from error
+        try:
+            self._check(connection, empty_is_missing)
             connection.execute("pragma journal_mode=wal")
             connection.execute(f"pragma synchronous={self._synchronous}")
             connection.execute("pragma foreign_keys=on")
-        except sqlite3.DatabaseError as error:
-            raise SessionPathError(
-                0, f"{self.path}: not a usable SQLite database: {error}", str(self.path)
-            ) from None
+        except BaseException as error:
+            connection.close()
+            if isinstance(error, sqlite3.Error):
+                raise self._unusable(error) from error
+            raise
         return connection
 
+    def _check(self, connection: sqlite3.Connection, empty_is_missing: bool) -> None:
+        """Refuse a database that is not sessionlog's, before anything is written to it."""
+        tables = {
+            row[0]
+            for row in connection.execute("select name from sqlite_master where type = 'table'")
+            if not row[0].startswith("sqlite_")
+        }
+        if not tables and empty_is_missing:
+            raise RepositoryNotFoundError(
+                errno.ENOENT, f"{self.path} holds no sessionlog database (it is empty)", str(self.path)
+            )
+        if tables and not _ours(connection, tables):
+            raise SessionPathError(
+                0,
+                f"{self.path} is another application's SQLite database (tables {sorted(tables)[:5]}); "
+                "it was not changed",
+                str(self.path),
+            )
+
+    def _unusable(self, error: sqlite3.Error) -> SessionPathError:
+        code = getattr(error, "sqlite_errorcode", None)
+        number = _ERRNO.get(code & 0xFF, 0) if code is not None else 0
+        return SessionPathError(number, f"{self.path}: not a usable SQLite database: {error}", str(self.path))
+
     def close(self) -> None:
+        self._closed = True
         self.connection.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[sqlite3.Connection]:
@@ -325,7 +342,10 @@ class SQLiteRepository(SQLRepository):
     ) -> int:
         """Hold the session for a writer (SessionLockedError while a live writer holds it, unless
         `take_over`); the new writer epoch, which every commit of this writer checks."""
-        session_id = self._id(session_id)
+        with self.failing_as("open", session_id):
+            return self._claim(self._id(session_id), connection, take_over)
+
+    def _claim(self, session_id: str, connection: sqlite3.Connection | None, take_over: bool) -> int:
         epoch = 0
         try:
             with self.transaction(connection) as open_connection:
