@@ -440,3 +440,49 @@ def test_a_database_on_a_read_only_filesystem_is_a_typed_error(tmp_path: Path) -
             assert isinstance(caught.value.__cause__, sqlite3.Error)
     finally:
         unmount(folder)
+
+
+def test_a_full_disk_is_a_typed_error_for_every_write_of_the_repository(tmp_path: Path) -> None:
+    from sessionlog.testing.faults import mount_tiny_tmpfs, unmount
+
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    why = mount_tiny_tmpfs(folder, "256k")
+    if why is not None:
+        pytest.skip(f"no small filesystem to fill: {why}")
+    try:
+        with sessionlog.repository(_location(folder / "sessions.db")) as repo:
+            with repo.create(**HEADER) as store:
+                session_id = store.load().session_id
+            filler = folder / "filler"
+            with contextlib.suppress(OSError), filler.open("wb") as out:
+                while True:
+                    out.write(b"x" * 4096)
+                    out.flush()
+            big = ["x" * 190 + str(number) for number in range(400)]  # labels too big for what is left
+            for name, call in {
+                "label": lambda: repo.label(session_id, big),
+                "create": lambda: [repo.create(**HEADER, labels=big) for _ in range(50)],
+            }.items():
+                with pytest.raises(sessionlog.SessionLogError) as caught:
+                    call()
+                assert isinstance(caught.value, OSError) and caught.value.errno == 28, (name, caught.value)
+            assert [info.session_id for info in repo.list()][-1] == session_id
+    finally:
+        unmount(folder)
+
+
+def test_a_row_torn_inside_by_another_program_is_a_typed_error_at_open(tmp_path: Path) -> None:
+    database = tmp_path / "sessions.db"
+    with sessionlog.repository(_location(database)) as repo:
+        with repo.create(**HEADER) as store:
+            store.commit([F.user_message("one")])
+            session_id = store.load().session_id
+        line = repo.export(session_id).split(b"\n")[1] + b"\n"
+    with contextlib.closing(sqlite3.connect(database)) as connection:  # one row: a line, then a torn one
+        connection.execute(
+            "update lines set line = ? where session_id = ? and line_no = 2", (line + b'{"torn', session_id)
+        )
+        connection.commit()
+    with sessionlog.repository(_location(database)) as repo, pytest.raises(sessionlog.SessionLogError):
+        repo.open(session_id)

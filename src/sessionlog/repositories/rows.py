@@ -13,13 +13,14 @@ database's dialect; PostgreSQL's update also renews the writer's lease).
 from __future__ import annotations
 
 import contextlib
+import errno
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
-from ..core.errors import SessionChangedError
+from ..core.errors import SessionChangedError, SessionPathError
 from ..core.state import SessionState
 
 Written = tuple[int, int, dict[str, Any]]  # head line, head bytes, summary once written
@@ -112,8 +113,10 @@ class SessionRows:
                     break
                 kept_lines, kept_bytes = kept_lines + 1, kept_bytes + size
             if kept_bytes != length:
-                raise OSError(
-                    f"{self.repository.path}: session {self.session_id} cannot be cut at byte {length}"
+                raise SessionPathError(
+                    errno.EIO,
+                    f"{self.repository.path}: session {self.session_id} cannot be cut at byte {length}",
+                    str(self.repository.path),
                 )
             open_connection.execute(self.sql["cut"], (self.session_id, kept_lines))
             changed = open_connection.execute(
