@@ -486,3 +486,58 @@ def test_a_row_torn_inside_by_another_program_is_a_typed_error_at_open(tmp_path:
         connection.commit()
     with sessionlog.repository(_location(database)) as repo, pytest.raises(sessionlog.SessionLogError):
         repo.open(session_id)
+
+
+# -- a fork of a process holding a repository and a store -----------------------------------------
+
+
+def _in_a_fork(work: Any) -> int:
+    """Run `work()` in a forked child; its exit status (0: it returned)."""
+    pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        status = 1
+        try:
+            work()
+            status = 0
+        finally:
+            os._exit(status)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def test_a_fork_that_drops_its_copy_of_a_store_leaves_the_parents_hold(tmp_path: Path) -> None:
+    database = tmp_path / "sessions.db"
+    with sessionlog.repository(_location(database)) as repo:
+        store = repo.create(**HEADER)
+        session_id = store.load().session_id
+        held = _writer_of(database, session_id)
+
+        def drop_the_copy() -> None:
+            nonlocal store
+            del store
+            gc.collect()
+
+        assert _in_a_fork(drop_the_copy) == 0
+        assert _writer_of(database, session_id) == held  # the parent still holds it
+        other = sessionlog.repository(_location(database))
+        with pytest.raises(sessionlog.SessionLockedError):
+            other.open(session_id)
+        other.close()
+        store.commit([F.user_message("still mine")])
+        store.close()
+
+
+def test_a_fork_uses_a_repository_through_a_connection_of_its_own(tmp_path: Path) -> None:
+    with sessionlog.repository(_location(tmp_path / "sessions.db")) as repo:
+        with repo.create(**HEADER) as store:
+            session_id = store.load().session_id
+        inherited = repo.connection
+
+        def use() -> None:
+            repo.label(session_id, ["from the child"])
+            assert repo.connection is not inherited
+            with repo.create(**HEADER) as child_store:
+                child_store.commit([F.user_message("child")])
+
+        assert _in_a_fork(use) == 0
+        assert repo.connection is inherited
+        assert {info.labels for info in repo.list()} == {("from the child",), ()}

@@ -169,6 +169,8 @@ class SQLiteRepository(SQLRepository):
         # One connection of the repository's, shared by the threads that call it: one of them at
         # a time in it (SQLite has one transaction per connection). A store has a connection of its own.
         self._lock = threading.RLock()
+        self._pid = os.getpid()
+        self._inherited: list[sqlite3.Connection] = []
         self._closed = False
         where = str(self.path.absolute())
         where = "/" + where.lstrip("/")  # `//x` would name a URI's host
@@ -237,16 +239,27 @@ class SQLiteRepository(SQLRepository):
     def closed(self) -> bool:
         return self._closed
 
+    def _shared(self) -> threading.RLock:
+        """The lock of the repository's connection. In a fork's child, a new lock and connection:
+        a lock another thread held at the fork stays held in the child, and a SQLite connection
+        must not cross a fork (the parent's is kept, never used nor closed here)."""
+        if self._pid != os.getpid():
+            self._inherited.append(self.connection)
+            self._pid, self._lock = os.getpid(), threading.RLock()
+            self.connection = self.connect()
+        return self._lock
+
     @contextlib.contextmanager
     def reading(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
+        with self._shared():
             yield self.connection
 
     @contextlib.contextmanager
     def transaction(self, connection: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
         """`BEGIN IMMEDIATE` ... `COMMIT`, retried with jitter while the database is busy."""
+        lock = self._shared()
         connection = connection or self.connection
-        shared = self._lock if connection is self.connection else contextlib.nullcontext()
+        shared = lock if connection is self.connection else contextlib.nullcontext()
         with shared, self._transaction(connection):
             yield connection
 
@@ -407,8 +420,13 @@ def _inode(path: str) -> tuple[int, int] | None:
     return found.st_dev, found.st_ino
 
 
-def _drop(connection: sqlite3.Connection, release: str, key: str, session_id: str, epoch: int) -> None:
-    """Give up the hold of a store that was dropped without close(), at best effort."""
+def _drop(
+    connection: sqlite3.Connection, release: str, key: str, session_id: str, epoch: int, pid: int
+) -> None:
+    """Give up the hold of a store that was dropped without close(), at best effort; in a fork's
+    child, nothing (the hold and the connection are the parent's)."""
+    if os.getpid() != pid:
+        return
     if _HELD_HERE.get((key, session_id)) == epoch:
         del _HELD_HERE[key, session_id]
     with contextlib.suppress(sqlite3.Error):
@@ -437,7 +455,14 @@ class SQLiteSession(SessionRows):
         # A store dropped without close() gives its hold back when it is collected (or at exit):
         # otherwise its row names a live process, and every other process sees it held.
         self._dropped = weakref.finalize(
-            self, _drop, connection, repository.row_sql["release"], repository.key, session_id, epoch
+            self,
+            _drop,
+            connection,
+            repository.row_sql["release"],
+            repository.key,
+            session_id,
+            epoch,
+            os.getpid(),
         )
 
     @classmethod
