@@ -541,3 +541,35 @@ def test_a_fork_uses_a_repository_through_a_connection_of_its_own(tmp_path: Path
         assert _in_a_fork(use) == 0
         assert repo.connection is inherited
         assert {info.labels for info in repo.list()} == {("from the child",), ()}
+
+
+def test_take_over_through_the_sqlite_backend_and_the_async_repository(tmp_path: Path) -> None:
+    import asyncio
+
+    database = tmp_path / "sessions.db"
+    with sessionlog.repository(_location(database)) as repo, repo.create(**HEADER) as store:
+        session_id = store.load().session_id
+
+    def elsewhere() -> None:
+        with contextlib.closing(sqlite3.connect(database)) as connection:
+            connection.execute("update sessions set writer = 'host-b:7', writer_epoch = writer_epoch + 1")
+            connection.commit()
+
+    elsewhere()
+    with pytest.raises(sessionlog.SessionLockedError):
+        sessionlog.open(f"{database}#{session_id}", backend="sqlite")
+    with sessionlog.open(f"{database}#{session_id}", backend="sqlite", take_over=True) as store:
+        store.commit([F.user_message("through the backend")])
+    elsewhere()
+
+    async def main() -> None:
+        async with await sessionlog.repository_async(_location(database)) as arepo:
+            with pytest.raises(sessionlog.SessionLockedError):
+                await arepo.open(session_id)
+            store = await arepo.open(session_id, take_over=True)
+            await store.commit([F.user_message("through the async repository")])
+            await store.close()
+
+    asyncio.run(main())
+    with sessionlog.repository(_location(database)) as repo:
+        assert repo.load(session_id).last_seq == 2

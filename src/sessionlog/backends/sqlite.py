@@ -74,6 +74,7 @@ def claimed(path: Path, create: bytes | None, durability: str, options: dict[str
     from ..repositories.sqlite import SQLiteRepository
 
     read_only = options.pop("read_only", False)
+    take_over = options.pop("take_over", False)  # the repository's rule: a holder not known gone
     if options.pop("lock", True) is not True:
         raise TypeError("a SQLite session always has one writer; its hold cannot be skipped")
     if options:
@@ -92,7 +93,7 @@ def claimed(path: Path, create: bytes | None, durability: str, options: dict[str
             session_id = header_id
         elif session_id is None:
             session_id = only_session(repository)
-        epoch = 0 if read_only else repository.claim(session_id)
+        epoch = 0 if read_only else repository.claim(session_id, take_over=take_over)
     except BaseException:
         repository.close()
         raise
@@ -100,7 +101,8 @@ def claimed(path: Path, create: bytes | None, durability: str, options: dict[str
 
 
 def only_session(repository: SQLiteRepository) -> str:
-    ids = [row[0] for row in repository.connection.execute("select session_id from sessions limit 2")]
+    with repository.reading() as connection:
+        ids = [row[0] for row in connection.execute("select session_id from sessions limit 2")]
     if not ids:
         raise SessionNotFoundError(errno.ENOENT, f"no session in {repository.path}", str(repository.path))
     if len(ids) > 1:
