@@ -70,8 +70,8 @@ def fork_bytes(data: bytes, session_id: str, at_seq: int) -> tuple[str, bytes]:
     """A new session's id and bytes: the committed `data` of `session_id` through seq `at_seq`
     (which must end a transaction) under a new header. The facts keep their ids; every line is
     kept byte for byte (a lone CR inside a line is JSON whitespace, never a line break)."""
-    if type(at_seq) is not int or at_seq < 0:
-        raise TypeError(f"at_seq is a non-negative integer, not {shown(at_seq)}")
+    if type(at_seq) is not int:  # a bool is an int to Python: fork(id, False) would fork at 0
+        raise TypeError(f"at_seq is an integer (the seq that ends a transaction), not {shown(at_seq)}")
     header_end = data.index(b"\n") + 1
     end = header_end
     for _, offset, raw in lines(data, len(data)):
@@ -93,6 +93,13 @@ def fork_bytes(data: bytes, session_id: str, at_seq: int) -> tuple[str, bytes]:
         environment_identity=header["environmentIdentity"],
     )
     return forked, new_header + data[header_end:end]
+
+
+def checked_data(data: object) -> bytes:
+    """A session's bytes to import: bytes (or a bytearray, a memoryview), never a str."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise TypeError(f"a session to import is bytes (its JSONL file), not {shown(data)}")
+    return bytes(data)
 
 
 def checked_labels(labels: Iterable[str], what: str = "labels") -> list[str]:

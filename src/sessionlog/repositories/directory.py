@@ -54,7 +54,7 @@ from ..core.store import SessionStore
 from ..maintenance import write_into_place
 from ..opening import create, open
 from ..plugins.registry import Registry, default_registry
-from .base import RepositoryBase, checked_labels, fork_bytes
+from .base import RepositoryBase, checked_data, checked_labels, fork_bytes
 from .index import Index, signature
 from .info import Candidate, Filters, SessionInfo, page
 
@@ -186,6 +186,7 @@ class DirectoryRepository(RepositoryBase):
     def import_(self, data: bytes, *, labels: Iterable[str] = ()) -> str:
         """Store a session's bytes as they are (byte for byte), once the reducer accepted them;
         its id."""
+        data = checked_data(data)
         wanted = checked_labels(labels)
         state = reduce_bytes(data)
         if state.repaired_length != len(data):

@@ -269,6 +269,12 @@ class RepositoryContract:
             )
             assert repo.list(cursor=f"{2**63 - 1}:{session_id}") != []
             assert repo.list(labels=iter(["kept"]))[0].session_id == session_id  # any iterable, once
+            for at_seq in (False, True, "0", 0.0, None):  # fork(id, False) is no fork at seq 0
+                with pytest.raises(TypeError, match="at_seq"):
+                    repo.fork(session_id, at_seq)
+            with pytest.raises(TypeError):
+                repo.import_(repo.export(session_id).decode())
+            assert [row.session_id for row in repo.list()] == [session_id]  # nothing was made
 
     # -- threads ---------------------------------------------------------------------------
 
