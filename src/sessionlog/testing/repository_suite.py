@@ -529,6 +529,80 @@ class AsyncRepositoryContract(RepositoryContract):
     def test_threads_racing_to_label_and_list_one_session(self, tmp_path: Path) -> None:
         pytest.skip("an async repository belongs to one event loop: tasks share it, not threads")
 
+    def test_one_repository_shared_by_eight_tasks(self, tmp_path: Path) -> None:
+        """The async twin of the eight threads: eight tasks on the repository's loop create,
+        label, list, open, commit to and delete sessions, their own and a few shared ones, at
+        once. Checked exactly as for the threads."""
+        with self.repository(tmp_path) as blocking:
+            repo = blocking._thing
+            shared = []
+            for _ in range(3):
+                with blocking.create(**HEADER) as store:
+                    shared.append(store.load().session_id)
+            history = _History()
+            own: dict[int, list[str]] = {}
+
+            async def work(worker: int) -> None:
+                mine = own.setdefault(worker, [])
+                for turn in range(4):
+                    store = await repo.create(**HEADER, labels=[f"w{worker}"])
+                    session_id = (await store.load()).session_id
+                    mine.append(session_id)
+                    writer = history.opened(session_id)
+                    await store.commit([build.user_message(f"{worker}/{turn}/new")])
+                    history.acknowledged(session_id, f"{worker}/{turn}/new")
+                    history.closing(writer)
+                    await store.close()
+                    history.labelled(session_id, (f"turn{turn}", f"w{worker}"))
+                    await repo.label(session_id, [f"w{worker}", f"turn{turn}"])
+                    listed = await repo.list(labels=[f"w{worker}"], limit=None)
+                    assert session_id in {row.session_id for row in listed}
+                    if turn % 2 == 1:  # its newest but one goes
+                        victim = mine.pop(-2)
+                        await repo.delete(victim)
+                        history.deleted(victim)
+                    target = shared[(worker + turn) % len(shared)]
+                    try:
+                        store = await repo.open(target)
+                    except (sessionlog.SessionLockedError, sessionlog.SessionNotFoundError):
+                        continue
+                    writer = history.opened(target)
+                    try:
+                        await store.commit([build.user_message(f"{worker}/{turn}/shared")])
+                        history.acknowledged(target, f"{worker}/{turn}/shared")
+                    except sessionlog.StorePoisonedError:
+                        history.fenced.add(target)
+                    history.closing(writer)
+                    await store.close()
+                    if (worker + turn) % 8 == 3:
+                        doomed = shared[turn % len(shared)]
+                        try:
+                            await repo.delete(doomed)
+                        except (sessionlog.SessionLockedError, sessionlog.SessionNotFoundError):
+                            pass
+                        else:
+                            history.deleted(doomed)
+                    await repo.unfinished()
+
+            async def all_at_once() -> list[Any]:
+                return await asyncio.gather(*(work(worker) for worker in range(8)), return_exceptions=True)
+
+            outcomes = self.loop.run_until_complete(all_at_once())
+            assert [outcome for outcome in outcomes if outcome is not None] == []
+            history.check_deletes()
+            rows = {row.session_id: row for row in blocking.list(limit=None)}
+            gone = history.gone()
+            for sessions in own.values():
+                for session_id in sessions:
+                    assert rows[session_id].labels == history.labels[session_id], session_id
+            for session_id, texts in history.acks.items():
+                if session_id in gone:
+                    continue
+                transcript = [message["content"] for message in blocking.load(session_id).transcript]
+                assert transcript == texts, session_id
+            expected = {session_id for sessions in own.values() for session_id in sessions}
+            assert set(rows) == expected | (set(shared) - gone)
+
     def test_concurrent_first_writers_one_wins(self, tmp_path: Path) -> None:
         with self.repository(tmp_path) as repo:
             with repo.create(**HEADER) as store:
