@@ -489,7 +489,10 @@ def test_reading_with_create_false_never_makes_the_index(tmp_path: Path) -> None
         assert repo.export(session_id)
         assert repo.unfinished() == []
         assert sorted(os.listdir(tmp_path)) == before
-        repo.label(session_id, ["a write"])  # a write makes it
+        forked = repo.fork(session_id, 1)  # writes of no labels need no index either
+        repo.delete(forked)
+        assert sorted(os.listdir(tmp_path)) == before
+        repo.label(session_id, ["a write"])  # a write of labels makes it
         assert repo.list()[0].labels == ("a write",)
 
 

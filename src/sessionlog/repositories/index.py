@@ -14,8 +14,8 @@ transaction; readers never block the writers of the sessions themselves.
 * One connection, shared by the threads of the repository under one lock (a sqlite3 connection
   is one transaction at a time).
 * Nothing is created where the caller asked for nothing (`create=False`) or cannot write (a
-  read-only directory): reads then go without the index (every file reduced, no labels) and only
-  a write (a label) makes it.
+  read-only directory, an index of another user): reads then use the index as it is, read-only,
+  or go without it (every file reduced, no labels), and only a write of labels makes it.
 * Every failure of the database is a `RepositoryError` naming the operation (a full disk, a
   lock held too long by another process), with the driver's error as its cause.
 """
@@ -89,7 +89,7 @@ class Index:
             try:
                 self._connect()
             except RepositoryError:
-                if _writable(self.path.parent):
+                if _writable(self.path.parent) and os.access(self.path, os.R_OK | os.W_OK):
                     raise
                 return self._connect_read_only()  # a label then says why it cannot be kept
             return True
@@ -149,6 +149,12 @@ class Index:
             self._write("list", None, work)
 
     def forget(self, session_id: str) -> None:
+        with self._lock:  # no index: nothing to forget, and no reason to make one
+            if self._connection is None and not self.open(create=False):
+                return
+        self._forget(session_id)
+
+    def _forget(self, session_id: str) -> None:
         def work(connection: sqlite3.Connection) -> None:
             connection.execute("delete from sessions where session_id = ?", (session_id,))
             connection.execute("delete from labels where session_id = ?", (session_id,))
@@ -157,6 +163,9 @@ class Index:
 
     def set_labels(self, session_id: str, labels: Iterable[str], operation: str = "label") -> None:
         rows = [(session_id, label) for label in labels]
+        with self._lock:  # no labels and no index: nothing to forget, no reason to make one
+            if not rows and self._connection is None and not self.open(create=False):
+                return
 
         def work(connection: sqlite3.Connection) -> None:
             connection.execute("delete from labels where session_id = ?", (session_id,))
