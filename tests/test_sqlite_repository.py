@@ -573,3 +573,66 @@ def test_take_over_through_the_sqlite_backend_and_the_async_repository(tmp_path:
     asyncio.run(main())
     with sessionlog.repository(_location(database)) as repo:
         assert repo.load(session_id).last_seq == 2
+
+
+# -- leases ---------------------------------------------------------------------------------------
+
+
+def _set_holder(database: Path, session_id: str, writer: str, lease_ms_from_now: int | None) -> None:
+    from sessionlog.repositories.sqlite_holds import NOW_MS
+
+    lease = "null" if lease_ms_from_now is None else f"{NOW_MS} + {lease_ms_from_now}"
+    with contextlib.closing(sqlite3.connect(database)) as connection:
+        connection.execute(
+            f"update sessions set writer = ?, writer_epoch = writer_epoch + 1, lease_expires_at = {lease} "
+            "where session_id = ?",
+            (writer, session_id),
+        )
+        connection.commit()
+
+
+def test_a_holder_elsewhere_holds_while_its_lease_runs_and_no_longer(tmp_path: Path) -> None:
+    database = tmp_path / "sessions.db"
+    with sessionlog.repository(_location(database)) as repo:
+        with repo.create(**HEADER) as store:
+            store.commit(F.accept_prompt("unfinished run"))  # a run started, never finished
+            session_id = store.load().session_id
+        _set_holder(database, session_id, "old-container:1", 60_000)
+        with pytest.raises(sessionlog.SessionLockedError):
+            repo.open(session_id)
+        assert repo.unfinished() == [] and repo.list()[0].status == "running"
+        _set_holder(database, session_id, "old-container:1", None)  # an older sessionlog's hold: no lease
+        with pytest.raises(sessionlog.SessionLockedError):
+            repo.open(session_id)
+        _set_holder(database, session_id, "old-container:1", -1)  # its lease ran out
+        assert [info.session_id for info in repo.unfinished()] == [session_id]
+        with repo.open(session_id) as store:  # no take_over needed
+            store.commit([F.user_message("recovered")])
+
+
+def test_the_heartbeat_renews_the_leases_this_process_holds_and_no_other(tmp_path: Path) -> None:
+    from sessionlog.repositories import sqlite_holds
+
+    database = tmp_path / "sessions.db"
+
+    def lease_of(session_id: str) -> Any:
+        with contextlib.closing(sqlite3.connect(database)) as connection:
+            return connection.execute(
+                f"select lease_expires_at - {sqlite_holds.NOW_MS} from sessions where session_id = ?",
+                (session_id,),
+            ).fetchone()[0]
+
+    with sessionlog.repository(_location(database)) as repo:
+        mine = repo.create(**HEADER)
+        my_id = mine.load().session_id
+        with repo.create(**HEADER) as other:
+            other_id = other.load().session_id
+        _set_holder(database, other_id, "elsewhere:1", -1)
+        with contextlib.closing(sqlite3.connect(database)) as connection:  # as if a model call took long
+            connection.execute("update sessions set lease_expires_at = 0 where session_id = ?", (my_id,))
+            connection.commit()
+        assert lease_of(my_id) < 0
+        sqlite_holds.renew()  # one beat of the heartbeat thread
+        assert lease_of(my_id) > sqlite_holds.LEASE_MS / 2 and lease_of(other_id) < 0
+        mine.commit([F.user_message("still mine")])  # not fenced
+        mine.close()

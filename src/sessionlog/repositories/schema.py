@@ -32,9 +32,12 @@ def version_of(connection: sqlite3.Connection) -> int | None:
     return int(rows[0][0])
 
 
-def migrate(transaction: Transaction, steps: Sequence[str], where: Path) -> int:
-    """Bring the database to version `len(steps)` (step N, `;`-separated statements, makes
-    version N of N-1); the version it had."""
+Step = str | Callable[["sqlite3.Connection"], None]
+
+
+def migrate(transaction: Transaction, steps: Sequence[Step], where: Path) -> int:
+    """Bring the database to version `len(steps)` (step N, `;`-separated statements or a function
+    of the connection, makes version N of N-1); the version it had."""
     with transaction() as connection:
         found = version_of(connection)
         if found is None:
@@ -51,6 +54,9 @@ def migrate(transaction: Transaction, steps: Sequence[str], where: Path) -> int:
                 str(where),
             )
         for step in steps[found:]:
+            if callable(step):
+                step(connection)
+                continue
             for statement in filter(str.strip, step.split(";")):
                 connection.execute(statement)
         if found < len(steps):

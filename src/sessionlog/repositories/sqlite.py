@@ -38,7 +38,6 @@ import contextlib
 import errno
 import os
 import random
-import socket
 import sqlite3
 import threading
 import time
@@ -58,6 +57,7 @@ from ..core.errors import (
     shown,
 )
 from ..core.store import SessionStore
+from . import sqlite_holds
 from .rows import SessionRows
 from .schema import migrate, version_of
 from .sql import SQLRepository, gone, statements
@@ -96,27 +96,32 @@ STEPS = (
     update sessions set idle = coalesce(json_extract(summary, '$.idle'), 1);
     create index sessions_open on sessions (updated_at, session_id) where idle = 0
     """,
+    # 3: the writer's lease (`sqlite_holds`)
+    lambda connection: _add_column(connection, "lease_expires_at integer"),
 )
 SCHEMA_VERSION = len(STEPS)
+_SQL = statements(held=sqlite_holds.LIVE_WRITER)
+# a commit renews its writer's lease in its own update of the summary row
+_ROW_SQL = {
+    **_SQL,
+    "update": _SQL["update"].replace(" where ", f", lease_expires_at = {sqlite_holds.LEASE_END} where ", 1),
+}
 _BUSY_SECONDS = 5.0
 
 
-def _me() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-# The sessions this process holds open for writing: (database, session id) -> writer epoch. A row
-# naming this process as its writer is held only if it is here: a store whose release could not
-# be written (a full disk) or that was dropped leaves a row naming a live process, but no hold.
-_HELD_HERE: dict[tuple[str, str], int] = {}
+def _add_column(connection: sqlite3.Connection, column: str) -> None:
+    """`alter table sessions add column`, unless it is there (a file an older step left so)."""
+    if column.split()[0] not in {row[1] for row in connection.execute("pragma table_info(sessions)")}:
+        connection.execute(f"alter table sessions add column {column}")
 
 
 def _held(holder: str | None, key: tuple[str, str]) -> bool:
-    """Whether the writer named `holder` (host:pid) may still hold the session `key`."""
+    """Whether the writer named `holder` (host:pid; None: none, or its lease ran out) may still
+    hold the session `key`."""
     if holder is None:
         return False
-    if holder == _me():
-        return key in _HELD_HERE
+    if holder == sqlite_holds.me():
+        return key in sqlite_holds.HELD
     return not gone(holder)
 
 
@@ -143,8 +148,8 @@ def _create_private(path: Path) -> None:
 class SQLiteRepository(SQLRepository):
     """Sessions in one SQLite file (made if missing). `durability`: `power` or `process`."""
 
-    sql = statements()
-    row_sql = sql
+    sql = _SQL
+    row_sql = _ROW_SQL
 
     def __init__(
         self,
@@ -363,7 +368,8 @@ class SQLiteRepository(SQLRepository):
         try:
             with self.transaction(connection) as open_connection:
                 row = open_connection.execute(
-                    "select writer, writer_epoch from sessions where session_id = ?", (session_id,)
+                    f"select {sqlite_holds.LIVE_WRITER}, writer_epoch from sessions where session_id = ?",
+                    (session_id,),
                 ).fetchone()
                 if row is None:
                     raise self._missing(session_id)
@@ -375,12 +381,13 @@ class SQLiteRepository(SQLRepository):
                         "takes the session and fences it"
                     )
                 open_connection.execute(
-                    "update sessions set writer = ?, writer_epoch = ? where session_id = ?",
-                    (_me(), epoch, session_id),
+                    "update sessions set writer = ?, writer_epoch = ?, "
+                    f"lease_expires_at = {sqlite_holds.LEASE_END} where session_id = ?",
+                    (sqlite_holds.me(), epoch, session_id),
                 )
                 # Known held here before COMMIT: a claim of another thread of this process waits on
                 # BEGIN IMMEDIATE until then, and must find it held, not a dead hold of this pid.
-                _HELD_HERE[self.key, session_id] = epoch
+                sqlite_holds.hold((self.key, session_id), epoch)
         except BaseException:
             self.forget_hold(session_id, epoch)
             raise
@@ -388,8 +395,7 @@ class SQLiteRepository(SQLRepository):
 
     def forget_hold(self, session_id: str, epoch: int) -> None:
         """This process no longer holds the session (its row may still name it: `_held`)."""
-        if _HELD_HERE.get((self.key, session_id)) == epoch:
-            del _HELD_HERE[self.key, session_id]
+        sqlite_holds.forget((self.key, session_id), epoch)
 
     def holds(self, holder: Any, session_id: str) -> bool:
         return _held(holder, (self.key, session_id))
@@ -427,8 +433,7 @@ def _drop(
     child, nothing (the hold and the connection are the parent's)."""
     if os.getpid() != pid:
         return
-    if _HELD_HERE.get((key, session_id)) == epoch:
-        del _HELD_HERE[key, session_id]
+    sqlite_holds.forget((key, session_id), epoch)
     with contextlib.suppress(sqlite3.Error):
         if epoch:
             connection.execute("begin immediate")
