@@ -13,11 +13,13 @@ The database is created 0600 before SQLite opens it (its -wal and -shm take its 
 database with tables sessionlog did not make is refused, unchanged.
 
 One writer per session: opening for writing takes the session's row (`writer` names the holder,
-`host:pid`, and `writer_epoch` is bumped) unless a live writer holds it (SessionLockedError
-naming it). A holder is known gone only when it was a process of this host that ended (taken
-over at once); a holder recorded under another host name (another machine, this container
-before a restart) is never known gone: `open(session_id, take_over=True)` takes the session,
-and that writer, if it lives, is fenced. A store dropped without `close()` gives its hold back
+`host:pid`, `writer_epoch` is bumped, `lease_expires_at` set) unless a live writer holds it
+(SessionLockedError naming it). A holder is live while its lease runs (30 s, renewed by every
+commit and by a heartbeat while held: `sqlite_holds`); a process of this host that ended is
+known gone at once. So a holder recorded under another host name (another container, this one
+before a restart) holds the session until its lease runs out; `open(session_id,
+take_over=True)` takes it at once (also a hold an older sessionlog wrote, without a lease), and
+that writer, if it lives, is fenced at its next commit. A store dropped without `close()` gives its hold back
 when it is garbage-collected (or at exit). Every commit is `BEGIN IMMEDIATE`, an update of the
 summary row `WHERE session_id = ? AND writer_epoch = ? AND head_line = ?` (no row: the writer
 was fenced, nothing is written) and the insert of the line, then `COMMIT`. A busy database is
