@@ -143,42 +143,53 @@ def test_a_writer_that_opened_the_file_before_the_unlink_and_locks_it_after_is_f
     repo.close()
 
 
+_RACING_WRITER = """
+import os, random, sys, time, sessionlog
+from sessionlog.core import facts as F
+folder, turns = sys.argv[1], int(sys.argv[2])
+repo = sessionlog.repository(folder)
+print("ready", flush=True)
+for turn in range(turns):
+    names = [name[:-6] for name in os.listdir(folder) if name.endswith(".jsonl")]
+    if not names:
+        continue
+    session_id = random.choice(names)
+    try:
+        store = repo.open(session_id)
+    except (sessionlog.SessionLockedError, sessionlog.SessionNotFoundError):
+        continue
+    opened = time.monotonic_ns()
+    try:
+        store.commit([F.user_message(f"{os.getpid()}/{turn}")])
+        acked = 1
+    except sessionlog.StorePoisonedError:
+        acked = 0
+    closing = time.monotonic_ns()
+    store.close()
+    print(session_id, opened, acked, closing, f"{os.getpid()}/{turn}", flush=True)
+"""
+
+
 def test_deletes_racing_writers_in_many_processes_lose_no_acknowledged_commit(tmp_path: Path) -> None:
-    """Four processes open, commit to and close the same sessions over and over while this one
-    deletes them. A history (one system-wide monotonic clock): each writer reports when its open
-    returned, whether its commit was acknowledged, and when it began to close; each delete when
-    it returned. No writer with an acknowledged commit may have been open across a delete."""
+    """Four processes open, commit to and close random sessions over and over while this one
+    creates sessions and deletes them. A history on one system-wide monotonic clock: each writer
+    reports when its open returned, whether its commit was acknowledged and when it began to
+    close; each delete when it returned. No writer with an acknowledged commit may have been open
+    across a delete of its session, and every session left holds every acknowledged commit."""
     repo = sessionlog.repository(tmp_path)
-    sessions = [_session(repo, f"s{index}") for index in range(12)]
-    script = (
-        "import sys, time, sessionlog\n"
-        "from sessionlog.core import facts as F\n"
-        "repo = sessionlog.repository(sys.argv[1])\n"
-        "for turn in range(40):\n"
-        "    for session_id in sys.argv[2:]:\n"
-        "        try:\n"
-        "            store = repo.open(session_id)\n"
-        "        except (sessionlog.SessionLockedError, sessionlog.SessionNotFoundError):\n"
-        "            continue\n"
-        "        opened = time.monotonic_ns()\n"
-        "        try:\n"
-        "            store.commit([F.user_message(f'{turn}')])\n"
-        "            acked = 1\n"
-        "        except sessionlog.StorePoisonedError:\n"
-        "            acked = 0\n"
-        "        closing = time.monotonic_ns()\n"
-        "        store.close()\n"
-        "        print(session_id, opened, acked, closing, flush=True)\n"
-    )
+    sessions = [_session(repo, "racing") for _ in range(16)]
     children = [
         subprocess.Popen(
-            [sys.executable, "-c", script, str(tmp_path), *sessions], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", _RACING_WRITER, str(tmp_path), "400"], stdout=subprocess.PIPE, text=True
         )
         for _ in range(4)
     ]
+    for child in children:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
     deleted: dict[str, int] = {}
-    while len(deleted) < len(sessions) and any(child.poll() is None for child in children):
-        for session_id in sessions:
+    while any(child.poll() is None for child in children):
+        sessions.append(_session(repo, "racing"))
+        for session_id in sessions[-16:-8]:  # each lives a while: the writers find it
             if session_id in deleted:
                 continue
             try:
@@ -186,16 +197,56 @@ def test_deletes_racing_writers_in_many_processes_lose_no_acknowledged_commit(tm
             except sessionlog.SessionLockedError:
                 continue
             deleted[session_id] = time.monotonic_ns()
-    outputs = [child.communicate(timeout=120)[0] for child in children]
-    assert [child.returncode for child in children] == [0, 0, 0, 0]
+    outputs = [child.stdout.read() for child in children if child.stdout is not None]  # after readline
+    assert [child.wait(timeout=120) for child in children] == [0, 0, 0, 0]
     writers = [line.split() for output in outputs for line in output.splitlines()]
-    for session_id, opened, acked, closing in writers:
+    assert sum(acked == "1" for _, _, acked, _, _ in writers) > 50  # the writers did race the deletes
+    for session_id, opened, acked, closing, _ in writers:
         if acked == "1" and session_id in deleted:
             done = deleted[session_id]
             assert not int(opened) < done < int(closing), f"{session_id} was deleted under its writer"
     for session_id in set(sessions) - set(deleted):
-        acknowledged = sum(1 for acked_id, _, acked, _ in writers if acked_id == session_id and acked == "1")
-        assert len(repo.load(session_id).transcript) == 1 + acknowledged
+        acknowledged = sorted(
+            text for held, _, acked, _, text in writers if held == session_id and acked == "1"
+        )
+        transcript = [message["content"] for message in repo.load(session_id).transcript]
+        assert sorted(transcript[1:]) == acknowledged, session_id  # every one, and nothing else
+    repo.close()
+
+
+def test_a_new_session_is_held_from_the_moment_its_name_appears(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lister (a recovery worker, a process scanning the directory) may find a new session's
+    file the instant it is linked into place: it must be refused, never take the session from
+    the writer creating it."""
+    repo = sessionlog.repository(tmp_path)
+    interlopers: list[Any] = []
+    real_link = jsonl_file.DEFAULT_OPS.link
+
+    def link_then_race(source: Any, destination: Any) -> None:
+        real_link(source, destination)
+        if str(destination).endswith(".jsonl") and not interlopers:
+
+            def interloper() -> None:
+                try:
+                    interlopers.append(sessionlog.open(destination, "jsonl-fsync"))
+                except sessionlog.SessionLockedError as error:
+                    interlopers.append(error)
+
+            thread = threading.Thread(target=interloper)  # another thread: not this call's claim
+            thread.start()
+            thread.join()
+
+    monkeypatch.setattr(jsonl_file.DEFAULT_OPS, "link", link_then_race)
+    try:
+        with repo.create(**HEADER) as store:
+            store.commit([F.user_message("mine")])
+    finally:
+        for found in interlopers:
+            if not isinstance(found, BaseException):
+                found.close()
+    assert len(interlopers) == 1 and isinstance(interlopers[0], sessionlog.SessionLockedError), interlopers
     repo.close()
 
 

@@ -156,6 +156,8 @@ class JsonlFile:
             raise _path_error(error, path, "cannot create the session") from error
         linked = False
         try:
+            if not unsafe_no_lock:  # held before its name appears: a lister cannot take it first
+                _lock(fd, path)
             _write_all(ops, fd, header)
             if sync:
                 ops.fsync(fd)
