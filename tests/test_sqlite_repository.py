@@ -636,3 +636,40 @@ def test_the_heartbeat_renews_the_leases_this_process_holds_and_no_other(tmp_pat
         assert lease_of(my_id) > sqlite_holds.LEASE_MS / 2 and lease_of(other_id) < 0
         mine.commit([F.user_message("still mine")])  # not fenced
         mine.close()
+
+
+# -- the sqlite backend written without a read first (as `convert --to sqlite` does) -------------
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "sqlite-async"])
+def test_the_sqlite_backend_appends_right_after_create_without_a_read(tmp_path: Path, backend: str) -> None:
+    import asyncio
+
+    from sessionlog.plugins.registry import default_registry
+
+    source = tmp_path / "agent.jsonl"
+    with sessionlog.create(source, provider="p", model="m") as store:
+        store.commit(F.accept_prompt("hello"))
+        store.commit([F.user_message("more")])
+    data = source.read_bytes()
+    header, *body = (line + b"\n" for line in data.split(b"\n")[:-1])
+    registry = default_registry()
+    factory = registry.factory(backend)
+    target = tmp_path / "out.db"
+    if registry.info(backend).api == "sync":
+        opened = factory(target, create=header)
+        for line in body:
+            opened.append(line)
+        opened.close()
+    else:
+
+        async def copy() -> None:
+            opened = await factory(target, create=header)
+            await opened.append_batch(body)
+            await opened.close()
+
+        asyncio.run(copy())
+    with sessionlog.repository(_location(target)) as repo:
+        (info,) = repo.list()
+        assert repo.export(info.session_id) == data
+        assert info.title == "hello" and info.last_seq == repo.load(info.session_id).last_seq

@@ -27,6 +27,7 @@ Written = tuple[int, int, dict[str, Any]]  # head line, head bytes, summary once
 
 ROW_SQL = {
     "summary": "select summary from {s}sessions where session_id = ?",
+    "head": "select head_line, head_bytes, summary from {s}sessions where session_id = ?",
     "update": "update {s}sessions set head_line = ?, head_bytes = ?, updated_at = ?, summary = ?, idle = ? "
     "where session_id = ? and writer_epoch = ? and head_line = ?",
     "insert": "insert into {s}lines values (?, ?, ?)",
@@ -58,11 +59,20 @@ class SessionRows:
         self.summary = orjson.loads(row[0])
         return data
 
+    def find_head(self, connection: Any) -> None:
+        """Where the session stands, from its summary row alone (its lines unread)."""
+        row = connection.execute(self.sql["head"], (self.session_id,)).fetchone()
+        if row is None:
+            self.check(0)  # deleted under this writer: fenced, nothing written
+        self.head_line, self.head_bytes, self.summary = int(row[0]), int(row[1]), orjson.loads(row[2])
+
     def write(self, connection: Any, lines: Sequence[bytes]) -> Written:
         """Update the summary row (only if this writer still holds the session at the head it
         knows) and insert `lines`; the new (head line, head bytes, summary), to `advance` to
         once the transaction committed. Where the database has one statement for both
         (`append`), it is one round trip, and in autocommit its own transaction."""
+        if not self.summary:  # written before any read (a copy into a new session): where it stands
+            self.find_head(connection)
         written, update = self.next(lines)
         if "append" in self.sql:
             statement = self.sql["append_one" if len(lines) == 1 else "append"]
