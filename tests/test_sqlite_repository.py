@@ -673,3 +673,13 @@ def test_the_sqlite_backend_appends_right_after_create_without_a_read(tmp_path: 
         (info,) = repo.list()
         assert repo.export(info.session_id) == data
         assert info.title == "hello" and info.last_seq == repo.load(info.session_id).last_seq
+
+
+@pytest.mark.parametrize("durability", ["power", "process"])
+def test_sqlite_reads_with_the_rule_its_writers_use(tmp_path: Path, durability: str) -> None:
+    """`load`, `list` and every store (sync or async) of a SQLite repository judge a session's
+    bytes alike: rows are whole lines, no writer of either kind leaves a NUL window."""
+    with sessionlog.repository(_location(tmp_path / "s.db"), durability=durability) as repo:
+        assert repo.info.nul_rule() == repo.async_info.nul_rule()
+        assert repo.info.nul_rule()["nul_window"] == 0
+        assert repo.info.nul_rule()["nul_tail"] == (durability == "power")
