@@ -155,7 +155,8 @@ def test_a_sqlite_holder_on_another_host_is_taken_over_only_when_asked(tmp_path:
         session_id = store.load().session_id
     with contextlib.closing(sqlite3.connect(database)) as connection:
         connection.execute(
-            "update sessions set writer = 'a-restarted-container:7', writer_epoch = writer_epoch + 1"
+            "update sessions set writer = 'a-restarted-container:7', writer_epoch = writer_epoch + 1, "
+            "lease_expires_at = null"
         )
         connection.commit()
     with pytest.raises(sessionlog.SessionLockedError, match="take_over=True"):
@@ -552,7 +553,10 @@ def test_take_over_through_the_sqlite_backend_and_the_async_repository(tmp_path:
 
     def elsewhere() -> None:
         with contextlib.closing(sqlite3.connect(database)) as connection:
-            connection.execute("update sessions set writer = 'host-b:7', writer_epoch = writer_epoch + 1")
+            connection.execute(  # a hold without a lease (an older sessionlog's): only take_over ends it
+                "update sessions set writer = 'host-b:7', writer_epoch = writer_epoch + 1, "
+                "lease_expires_at = null"
+            )
             connection.commit()
 
     elsewhere()
