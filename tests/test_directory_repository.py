@@ -326,6 +326,10 @@ def test_a_power_loss_hole_inside_a_group_commit_batch_reads_as_a_torn_tail(
     assert [(row.session_id, row.status) for row in rows] == [(session_id, "needs-recovery")], rows
     assert [row.session_id for row in unfinished] == [session_id]
     assert state.last_seq == 3 and state.step is not None and state.step["status"] == "attempting"
+    writer = backend or "jsonl-group"  # the sync repository told who wrote the files reads alike
+    with sessionlog.repository(tmp_path, reads_as=writer) as repo:
+        assert [row.status for row in repo.list()] == ["needs-recovery"]
+        assert repo.load(session_id).last_seq == 3
 
 
 # -- 7. a damaged index, a full disk, debris ---------------------------------------------------

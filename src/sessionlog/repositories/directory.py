@@ -63,7 +63,8 @@ SUFFIX = ".jsonl"
 
 class DirectoryRepository(RepositoryBase):
     """Sessions as files in `directory` (made if missing, unless `create=False`). `backend`: a
-    sync file backend."""
+    sync file backend; `reads_as`: the backend that wrote the sessions when it is another (an
+    async repository's `jsonl-group` or `jsonl-syncfs`), whose rule reads them."""
 
     def __init__(
         self,
@@ -72,6 +73,7 @@ class DirectoryRepository(RepositoryBase):
         backend: str = "jsonl-fsync",
         registry: Registry | None = None,
         create: bool = True,
+        reads_as: str | None = None,
     ) -> None:
         if type(create) is not bool:
             raise TypeError(f"create is True or False, not {shown(create)}")
@@ -84,6 +86,8 @@ class DirectoryRepository(RepositoryBase):
             )
         self.backend = backend
         self.rule = info.nul_rule()
+        if reads_as is not None:
+            self.read_as(reads_as)
         self.directory = Path(directory)
         if create:
             try:
@@ -116,8 +120,10 @@ class DirectoryRepository(RepositoryBase):
     def read_as(self, backend: str) -> None:
         """Read the sessions with the rule of `backend`, the one that writes them (the async
         repository's group-commit backend: a power-loss hole may lie anywhere in its last batch)."""
-        with self._lock:
-            self.rule = self.registry.info(backend).nul_rule()
+        info = self.registry.info(backend)
+        if not info.plain_file:
+            raise ValueError(f"sessions of a directory are written by a file backend, not {shown(backend)}")
+        self.rule = info.nul_rule()
 
     def close(self) -> None:
         self._index.close()
