@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import subprocess
 import sys
 import tracemalloc
@@ -219,3 +220,136 @@ def test_a_symlinked_session_is_refused(backend: str, tmp_path: Path) -> None:
     with pytest.raises(SessionPathError):
         _session(backend, directory)
     assert _session(backend, real, [[_user("still mine")]]) == [None]
+
+
+# -- a secret in a wrong field ------------------------------------------------------------------
+
+# A 40-character key in the shape of an API key: its public format prefix `sk-proj-`, then 32
+# characters that appear nowhere else (no hex digit, so no id or digest holds them by chance).
+SECRET = "sk-proj-" + "".join(random.Random(21).choices("GHJKLMNPQRSTUVWXYZ", k=32))
+SHOWN_AT_MOST = 8  # characters of it a message may show (core.errors.shown: min(8, a quarter))
+
+
+def _leaks(text: str, secret: str = SECRET, allowed: int = SHOWN_AT_MOST) -> bool:
+    """Whether `text` holds more than `allowed` consecutive characters of `secret`."""
+    return any(secret[start : start + allowed + 1] in text for start in range(len(secret) - allowed))
+
+
+def _error_texts(error: BaseException) -> list[str]:
+    texts = [str(error), repr(error), *(str(arg) for arg in error.args), *(repr(arg) for arg in error.args)]
+    if isinstance(error, sessionlog.ContractError):
+        texts += [error.detail, json.dumps(error.to_json())]
+    return texts
+
+
+def _wrong_fields(value: Any, path: tuple[Any, ...] = ()) -> Any:
+    """(where, value with the secret there): every leaf replaced, every object key renamed."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if path == () and key in ("seq", "timestamp"):
+                continue  # assigned by the store, refused before any field is read
+            yield (*path, "key", key), {(SECRET if k == key else k): v for k, v in value.items()}
+            for where, changed in _wrong_fields(item, (*path, key)):
+                yield where, {**value, key: changed}
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            for where, changed in _wrong_fields(item, (*path, index)):
+                yield where, [*value[:index], changed, *value[index + 1 :]]
+    else:
+        yield path, SECRET
+
+
+def _as_committed(transaction: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {key: value for key, value in fact.items() if key not in ("seq", "timestamp")} for fact in transaction
+    ]
+
+
+@pytest.mark.parametrize("profile", ["mixed", "bulk"])
+def test_a_secret_committed_into_any_wrong_field_shows_at_most_its_public_prefix(
+    profile: str, tmp_path: Path
+) -> None:
+    session = generate_session(21, 80, profile=profile)
+    path = tmp_path / "s.jsonl"
+    refused: set[str] = set()
+    for number, transaction in enumerate(session.transactions):
+        path.unlink(missing_ok=True)
+        path.write_bytes(session.prefix(number + 1).to_bytes())
+        store = sessionlog.open(path)
+        try:
+            for where, changed in _wrong_fields(_as_committed(transaction)):
+                try:
+                    store.commit(changed)
+                except sessionlog.SessionLogError as error:
+                    leaked = [text for text in _error_texts(error) if _leaks(text)]
+                    assert not leaked, (where, leaked[0])
+                    refused.add(
+                        error.code if isinstance(error, sessionlog.ContractError) else type(error).__name__
+                    )
+                else:  # free text (a prompt, a tool's output): stored as it is; start again
+                    store.close()
+                    path.write_bytes(session.prefix(number + 1).to_bytes())
+                    store = sessionlog.open(path)
+        finally:
+            store.close()
+    assert {"INVALID_FACT", "INVALID_REFERENCE"} <= refused  # the test reached the field checks
+
+
+def test_a_secret_in_a_wrong_field_of_a_stored_line_is_not_in_the_listing_or_the_index(
+    tmp_path: Path,
+) -> None:
+    fact = {
+        **_user("hi"),
+        "seq": 1,
+        "id": "018e2c8a-b87d-7c2c-9cc4-762800000002",
+        "timestamp": 1,
+        "kind": SECRET,
+    }
+    data = _header() + json.dumps(fact).encode() + b"\n"
+    with pytest.raises(CorruptionError) as caught:
+        reduce_bytes(data)
+    assert not [text for text in _error_texts(caught.value) if _leaks(text)]
+    repository = sessionlog.repository(tmp_path / "repo")
+    session_id = json.loads(data.split(b"\n")[0])["id"]
+    (tmp_path / "repo" / f"{session_id}.jsonl").write_bytes(data)
+    (info,) = repository.list()
+    repository.close()
+    assert info.status == "corrupt" and info.error and not _leaks(info.error)
+    for file in (tmp_path / "repo").iterdir():
+        if not file.name.endswith(".jsonl"):
+            assert not _leaks(file.read_bytes().decode("utf-8", "replace")), file.name
+
+
+def _refused_quietly(call: Any) -> BaseException:
+    """What `call()` raised (it must raise), checked to hold no more of the secret than allowed."""
+    try:
+        call()
+    except (sessionlog.SessionLogError, ValueError, TypeError, RuntimeError) as error:
+        leaked = [text for text in _error_texts(error) if _leaks(text)]
+        assert not leaked, leaked[0]
+        return error
+    raise AssertionError(f"{call} accepted the secret")
+
+
+def test_a_secret_given_to_the_runtime_in_a_wrong_argument_shows_at_most_its_public_prefix(
+    tmp_path: Path,
+) -> None:
+    def read(arguments: dict[str, Any]) -> str:
+        return "contents"
+
+    _refused_quietly(lambda: sessionlog.Tool(SECRET, read, replay=SECRET))  # type: ignore[arg-type]
+    _refused_quietly(lambda: sessionlog.Tool("read", read, replay=SECRET))  # type: ignore[arg-type]
+    _refused_quietly(lambda: sessionlog.Tools([sessionlog.Tool(SECRET, read), sessionlog.Tool(SECRET, read)]))
+    tools = [sessionlog.Tool("read", read, replay="safe")]
+    with sessionlog.create(tmp_path / "s.jsonl", **HEADER) as store:
+        session = sessionlog.Session(store, tools=tools, model="m")
+        run = session.start("hello")
+        attempt = run.attempt()
+        _refused_quietly(lambda: attempt.settle("x", stop_reason=SECRET))
+        _refused_quietly(lambda: attempt.settle("x", usage={"input": SECRET}))  # type: ignore[dict-item]
+        attempt.settle(None, [{"id": "call_1", "name": SECRET, "arguments": {}}])  # any name a model says
+        (synthetic,) = run.start_tools() or [None]  # an unknown tool: settled, never run
+        assert synthetic is None
+    _refused_quietly(lambda: sessionlog.open(tmp_path / "s.jsonl", "jsonl", max_line_bytes=SECRET))  # type: ignore[arg-type]
+    _refused_quietly(lambda: sessionlog.open(tmp_path / "s.jsonl", SECRET))
+    _refused_quietly(lambda: sessionlog.open(tmp_path / "s.jsonl", "jsonl", unsafe_no_lock=SECRET))

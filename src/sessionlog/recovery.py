@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from . import schema
 from .core import facts as build
 from .core.canonical import configuration_digest
+from .core.errors import shown
 from .core.planner import plan_recovery
 from .core.state import SessionState, copy_json
 
@@ -129,7 +130,7 @@ def _settled_call(state: SessionState, assistant_id: str, index: int, name: str)
         raise ValueError(f"{assistant_id} is not the assistant entry that settled the current step")
     calls = state.settled_calls
     if not 0 <= index < len(calls) or calls[index]["function"]["name"] != name:
-        raise ValueError(f"the assistant entry has no call {index} of tool {name!r}")
+        raise ValueError(f"the assistant entry has no call {index} of tool {shown(name)}")
     return calls[index]
 
 
@@ -193,11 +194,11 @@ def start_tool_facts(state: SessionState, plan: Mapping[str, Any], current: Mapp
             raise ValueError("the plan does not match the pending intent it names")
         return ToolStart("replay", [], tool)
     if plan["mode"] != "start":
-        raise ValueError(f"unknown startTool mode {plan['mode']!r}")
+        raise ValueError(f"unknown startTool mode {shown(plan['mode'])}")
     call = _settled_call(state, plan["assistantEntryId"], plan["toolIndex"], plan["toolName"])
     declaration = _declared(current, plan["toolName"])
     if declaration is None:
-        raise ValueError(f"tool {plan['toolName']!r} is not declared in the current configuration")
+        raise ValueError(f"tool {shown(plan['toolName'])} is not declared in the current configuration")
     return new_intent(state, plan["toolIndex"], call, plan["arguments"], declaration, current)
 
 
@@ -244,7 +245,7 @@ def _synthetic_facts(state: SessionState, results: list[Mapping[str, Any]]) -> l
         call = _settled_call(state, result["assistantEntryId"], result["toolIndex"], result["toolName"])
         if call["id"] != result["toolCallId"]:
             raise ValueError(
-                f"call {result['toolIndex']} has id {call['id']!r}, not {result['toolCallId']!r}"
+                f"call {result['toolIndex']} has id {shown(call['id'])}, not {shown(result['toolCallId'])}"
             )
         step = state.step
         assert step is not None
@@ -306,7 +307,7 @@ def facts_for_plan(
         if current is None:
             raise ValueError("a startTool plan needs the current configuration")
         return start_tool_facts(state, plan, current).facts
-    raise ValueError(f"unknown plan type {kind!r}")
+    raise ValueError(f"unknown plan type {shown(kind)}")
 
 
 # -- the recovery loop -------------------------------------------------------------------------
@@ -318,10 +319,12 @@ def _next(state: SessionState, current: Mapping[str, Any], previous: Plan | None
     if needs_caller(state, plan):
         return plan, []
     if plan == previous:
-        raise RuntimeError(f"recovery made no progress: the planner repeats {plan!r} after it was committed")
+        raise RuntimeError(  # the plan's type only: its arguments may hold a tool's secrets
+            f"recovery made no progress: the planner repeats its {plan['type']} plan after it was committed"
+        )
     facts = facts_for_plan(state, plan, current)
     if not facts:  # pragma: no cover - every effect-free plan of a running operation writes something
-        raise RuntimeError(f"plan {plan!r} of a running operation gave no facts")
+        raise RuntimeError(f"the {plan['type']} plan of a running operation gave no facts")
     return plan, facts
 
 

@@ -131,7 +131,7 @@ def _object(text: Any) -> dict[str, Any] | None:
 def attempt_facts(state: SessionState, configuration: Configuration) -> list[Fact]:
     plan = plan_recovery(state, configuration.current)
     if plan["type"] != "startStep":
-        raise RuntimeStateError(f"the run's next step is {plan['type']}, not a model attempt: {plan}")
+        raise RuntimeStateError(f"the run's next step is {plan['type']}, not a model attempt")
     return start_step_facts(state, plan, configuration.snapshot if plan["attempt"] == 1 else None)
 
 

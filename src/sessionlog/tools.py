@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .core.canonical import canonical, configuration_digest, digest
+from .core.errors import shown
 from .schema import CurrentConfiguration, CurrentTool, Replay
 
 ToolFunction = Callable[[dict[str, Any]], "str | Awaitable[str]"]
@@ -36,11 +37,13 @@ class Tool:
 
     def __post_init__(self) -> None:
         if type(self.name) is not str or not self.name:
-            raise ValueError(f"a tool's name is a non-empty string, not {self.name!r}")
+            raise ValueError(f"a tool's name is a non-empty string, not {shown(self.name)}")
         if self.replay not in ("safe", "never"):
-            raise ValueError(f"tool {self.name!r}: replay is 'safe' or 'never', not {self.replay!r}")
+            raise ValueError(
+                f"tool {shown(self.name)}: replay is 'safe' or 'never', not {shown(self.replay)}"
+            )
         if not callable(self.run):
-            raise TypeError(f"tool {self.name!r}: run must be callable")
+            raise TypeError(f"tool {shown(self.name)}: run must be callable")
 
     @property
     def definition(self) -> dict[str, Any]:
@@ -64,7 +67,7 @@ class Tools(Mapping[str, Tool]):
             if not isinstance(tool, Tool):
                 raise TypeError(f"Tools takes Tool declarations, not {type(tool).__name__}")
             if tool.name in self._tools:
-                raise ValueError(f"tool {tool.name!r} is declared twice")
+                raise ValueError(f"tool {shown(tool.name)} is declared twice")
             self._tools[tool.name] = tool
 
     def __getitem__(self, name: str) -> Tool:

@@ -50,6 +50,7 @@ from ..core.errors import (
     SessionLogError,
     SessionNotFoundError,
     SessionPathError,
+    shown,
 )
 
 _MODE = 0o600
@@ -315,7 +316,7 @@ def open_file(
         raise TypeError("the writer lock is always taken; unsafe_no_lock=True skips it (unsafe)")
     unsafe_no_lock = options.pop("unsafe_no_lock", False)
     if type(unsafe_no_lock) is not bool:
-        raise TypeError(f"unsafe_no_lock must be True or False, not {unsafe_no_lock!r}")
+        raise TypeError(f"unsafe_no_lock must be True or False, not {shown(unsafe_no_lock)}")
     if options:
         raise TypeError(f"unknown backend options: {', '.join(sorted(options))}")
     if create is not None:

@@ -36,7 +36,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from .commit import CommitPipeline, Prepared
-from .errors import StoreClosedError
+from .errors import StoreClosedError, shown
 from .framing import DEFAULT_MAX_LINE_BYTES, NUL_WINDOW
 from .state import SessionState
 from .store import AsyncBackend, BackendInfo, StoreStatus, check_max_line_bytes, reduce_stored
@@ -55,7 +55,7 @@ def _check_options(
 ) -> tuple[int, int, float | None]:
     for name, value in (("max_batch_bytes", max_batch_bytes), ("max_batch_commits", max_batch_commits)):
         if type(value) is not int or value < 1:
-            raise ValueError(f"{name} must be a positive integer, not {value!r}")
+            raise ValueError(f"{name} must be a positive integer, not {shown(value)}")
     if max_batch_bytes > NUL_WINDOW:  # a reader after power loss looks no further back than that
         raise ValueError(
             f"max_batch_bytes is at most {NUL_WINDOW} (framing.NUL_WINDOW), not {max_batch_bytes}"
@@ -63,7 +63,7 @@ def _check_options(
     if max_wait_us is None:
         return max_batch_bytes, max_batch_commits, None
     if isinstance(max_wait_us, bool) or not isinstance(max_wait_us, int | float) or not max_wait_us >= 0:
-        raise ValueError(f"max_wait_us must be None or a number >= 0, not {max_wait_us!r}")
+        raise ValueError(f"max_wait_us must be None or a number >= 0, not {shown(max_wait_us)}")
     return max_batch_bytes, max_batch_commits, max_wait_us / 1e6
 
 

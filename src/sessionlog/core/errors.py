@@ -25,18 +25,32 @@ CODES = (
 
 
 def shown(value: object) -> str:
-    """A value for an error message, bounded and never a container's content: a short scalar's
-    text (strings cut to a prefix), else only its kind. A wrong field may hold a secret or a tool's
-    whole output; a message must neither echo it nor grow with it."""
+    """A value for an error message, bounded and never a secret: a string shows only its kind,
+    its length and a prefix of at most `SHOWN_PREFIX` characters and at most a quarter of it;
+    a short scalar its text; anything else only its kind. A wrong field may hold a secret (an
+    API key pasted into the wrong argument) or a tool's whole output, and a message is copied
+    into logs, tracebacks, `SessionInfo.error` and the directory index.
+
+    Why that prefix is no secret: what it shows of a key is its public format marker, never its
+    secret part. API keys begin with a marker of their issuer (`sk-proj-`, `sk-ant-`, `ghp_`,
+    `github_pat_`, `xoxb-`, `AKIA`, `AIza`), then 20 to 100 random characters; 8 characters
+    cover the marker (or its first 8) and leave every random character hidden: of a 40-character
+    key, 32 stay unknown. A quarter bounds what a short secret loses: a password of 8 shows 2
+    characters and keeps 6 (of 95 printable characters each, 95**6 ~ 7e11 candidates left), one
+    of 4 shows 1, of 3 or fewer nothing. The length is shown because it tells what the value
+    was (a 40-character key, a 2 MB tool output) and costs a random secret nothing to say."""
     if isinstance(value, str):
-        if len(value) <= _SHOWN:
-            return repr(value)
-        return f"{value[:_SHOWN]!r}... ({len(value):,} characters)"
+        size = len(value)
+        text = f"a string of {size:,} character{'' if size == 1 else 's'}"
+        prefix = value[: min(SHOWN_PREFIX, size // 4)]
+        return f"{text} starting {prefix!r}" if prefix else text
     if value is None or isinstance(value, bool | float):
         return repr(value)
     if isinstance(value, int):
         text = str(value) if -(10**20) < value < 10**20 else f"an integer of {len(str(abs(value)))} digits"
         return text
+    if isinstance(value, bytes | bytearray):
+        return f"{len(value):,} bytes"
     if isinstance(value, dict):
         return "an object"
     if isinstance(value, list):
@@ -44,7 +58,7 @@ def shown(value: object) -> str:
     return f"a {type(value).__name__}"
 
 
-_SHOWN = 24
+SHOWN_PREFIX = 8  # characters, at most, of a string in a message (see `shown`)
 
 
 class SessionLogError(Exception):
@@ -174,7 +188,7 @@ class UnknownBackendError(SessionLogError, LookupError):
     def __init__(self, name: str, known: Iterable[str]) -> None:
         self.name = name
         self.known = sorted(known)
-        super().__init__(f"unknown backend {name!r}; registered: {', '.join(self.known) or 'none'}")
+        super().__init__(f"unknown backend {shown(name)}; registered: {', '.join(self.known) or 'none'}")
 
 
 class SessionExistsError(SessionLogError, FileExistsError):

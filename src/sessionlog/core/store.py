@@ -22,6 +22,7 @@ from .errors import (
     StoreClosedError,
     StoreForkedError,
     StorePoisonedError,
+    shown,
 )
 from .framing import DEFAULT_MAX_LINE_BYTES, NUL_WINDOW
 from .loading import check_torn_tail, load
@@ -92,7 +93,7 @@ AsyncFactory = Callable[..., Awaitable[AsyncBackend]]
 
 def check_max_line_bytes(value: object) -> int:
     if type(value) is not int or value < 1:
-        raise ValueError(f"max_line_bytes must be a positive integer, not {value!r}")
+        raise ValueError(f"max_line_bytes must be a positive integer, not {shown(value)}")
     return value
 
 
