@@ -260,3 +260,68 @@ def test_a_sync_repository_goes_on_after_a_server_restart(postgres_server: Postg
         store.commit([F.user_message("after the restart")])
         assert contents(repo, session_id) == ["before the restart", "after the restart"]
         store.close()
+
+
+# -- every driver error typed, naming the operation and the session ---------------------------------
+
+
+def test_a_broken_connection_in_every_sync_call_is_a_typed_error(
+    postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver fails every statement on sessionlog's tables (the connection broke): each
+    public call raises RepositoryError naming its operation and session, without the password."""
+    import psycopg
+
+    url = postgres_server.new_database()
+    repo = sessionlog.repository(url)
+    with repo.create(**HEADER) as store:
+        store.commit(F.accept_prompt("kept"))
+        session_id = store.load().session_id
+    exported = repo.export(session_id)
+    real_execute = psycopg.Connection.execute
+
+    def broken(connection: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if "sessionlog." in str(query):
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return real_execute(connection, query, *args, **kwargs)
+
+    calls: dict[str, tuple[Any, str | None]] = {
+        "list": (lambda: repo.list(), None),
+        "create": (lambda: repo.create(**HEADER), None),
+        "open": (lambda: repo.open(session_id), session_id),
+        "load": (lambda: repo.load(session_id), session_id),
+        "label": (lambda: repo.label(session_id, ["x"]), session_id),
+        "delete": (lambda: repo.delete(session_id), session_id),
+        "fork": (lambda: repo.fork(session_id, 2), session_id),
+        "export": (lambda: repo.export(session_id), session_id),
+        "import": (lambda: repo.import_(exported), None),
+        "unfinished": (lambda: repo.unfinished(), None),
+        "claim_unfinished": (lambda: repo.claim_unfinished(), None),
+    }
+    monkeypatch.setattr(psycopg.Connection, "execute", broken)
+    for operation, (call, named) in calls.items():
+        with pytest.raises(sessionlog.RepositoryError) as caught:
+            call()
+        assert caught.value.operation == operation, (operation, caught.value)
+        assert caught.value.session_id == named, (operation, caught.value)
+        assert isinstance(caught.value.__cause__, psycopg.OperationalError)
+        assert postgres_server.password not in str(caught.value) + repr(caught.value)
+    monkeypatch.setattr(psycopg.Connection, "execute", real_execute)
+    assert contents(repo, session_id) == ["kept"]
+    repo.close()
+
+
+def test_a_connection_broken_at_the_commit_of_a_create_is_an_unknown_outcome(
+    postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import psycopg
+
+    url = postgres_server.new_database()
+    with sessionlog.repository(url) as repo:
+
+        def broken(connection: Any) -> None:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+        monkeypatch.setattr(psycopg.Connection, "commit", broken)
+        with pytest.raises(sessionlog.CommitOutcomeUnknownError, match="may or may not"):
+            repo.create(**HEADER)

@@ -38,8 +38,11 @@ import errno
 import os
 import re
 import secrets
+import select
 import socket
+import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
@@ -106,6 +109,7 @@ ASYNC_INFOS = {
 }
 _LIVE_WRITER = "case when writer is not null and lease_expires_at > now() then writer end"
 # The holds of one writer, as two arrays (session ids, epochs), and its rows among the sessions.
+_IDLE_CHECKED = 1.0  # seconds a pooled connection may sit idle and still be lent unchecked
 _NO_DATABASE = re.compile(r'database "[^"]*" does not exist')
 _HELD = "unnest(%s::text[], %s::bigint[]) as h (session_id, epoch)"
 _MINE = "s.session_id = h.session_id and s.writer_epoch = h.epoch and s.writer = %s"
@@ -182,6 +186,7 @@ class PostgresRepository(SQLRepository):
         self.me = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.psycopg = psycopg
         self.pool, self.owns_pool = pool, pool is None
+        self._closed = False
         # What a driver's message may quote of the location (its password is masked out of it).
         self.location = str(location) if location is not None else str(getattr(pool, "conninfo", ""))
         self.path = masked(self.location) if location is not None else "postgresql:(a pool)"
@@ -219,12 +224,31 @@ class PostgresRepository(SQLRepository):
         def configure(connection: Any) -> None:
             connection.autocommit = True
 
+        # The connections a server restart, a failover or `pg_terminate_backend` broke are
+        # replaced, not lent to fail one call each: a connection is checked with a round trip
+        # before it is lent when the server spoke on it while it was idle (its socket is readable:
+        # the FATAL notice or end of a terminated backend) or it sat idle a while. One lent again
+        # at once, with nothing to read, is used as it is (the hot path: one round trip a commit).
+        returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+        lock = threading.Lock()
+
+        def reset(connection: Any) -> None:
+            with lock:
+                returned[connection] = time.monotonic()
+
+        def check(connection: Any) -> None:
+            with lock:
+                since = returned.pop(connection, None)
+            if since is None or time.monotonic() - since > _IDLE_CHECKED or _readable(connection):
+                ConnectionPool.check_connection(connection)
+
         self.pool = ConnectionPool(
             location,
             min_size=1,
             max_size=max_connections,
             configure=configure,
-            check=ConnectionPool.check_connection,
+            reset=reset,
+            check=check,
             open=True,
             name="sessionlog",
         )
@@ -310,6 +334,7 @@ class PostgresRepository(SQLRepository):
         """Stop renewing leases and release the sessions still held (their stores are refused
         from now on, so waiting out their leases would only delay a recovery worker); close the
         pool if it is this repository's."""
+        self._closed = True
         heartbeat = getattr(self, "heartbeat", None)
         held = heartbeat.close() if heartbeat is not None else []
         if held and self.pool is not None and not self.pool.closed:
@@ -320,7 +345,7 @@ class PostgresRepository(SQLRepository):
 
     @property
     def closed(self) -> bool:
-        return self.pool is None or bool(self.pool.closed)
+        return self._closed or self.pool is None or bool(self.pool.closed)
 
     # -- leases ----------------------------------------------------------------------------------
 
@@ -465,20 +490,20 @@ class PostgresRepository(SQLRepository):
     def read(self, session_id: str, connection: Any = None) -> bytes:
         """The session's lines in key order, fetched in binary: the primary key's index scan
         gives that order (the planner is told not to sort instead: a sort of a long session
-        can spill to disk), all of it sent in one pipeline."""
-        with self.failing_as("read", session_id):
-            if connection is None:
-                with self.reading() as reader:
-                    return self.read(session_id, reader)
-            session_id = self._id(session_id)
-            with connection.pipeline(), connection.transaction():
-                connection.execute("set local enable_sort = off")
-                lines = connection.execute(self.sql["lines"], (session_id,), binary=True)
-                exists = connection.execute(self.sql["exists"], (session_id,))
-            rows = lines.fetchall()
-            if not rows and not exists.fetchone():
-                raise self._missing(session_id)
-            return b"".join(row[0] for row in rows)
+        can spill to disk), all of it sent in one pipeline. (A driver's error is typed by the
+        public method reading: `load`, `export`, `fork`, a store's open.)"""
+        if connection is None:
+            with self.reading() as reader:
+                return self.read(session_id, reader)
+        session_id = self._id(session_id)
+        with connection.pipeline(), connection.transaction():
+            connection.execute("set local enable_sort = off")
+            lines = connection.execute(self.sql["lines"], (session_id,), binary=True)
+            exists = connection.execute(self.sql["exists"], (session_id,))
+        rows = lines.fetchall()
+        if not rows and not exists.fetchone():
+            raise self._missing(session_id)
+        return b"".join(row[0] for row in rows)
 
     # -- writers -----------------------------------------------------------------------------------
 
@@ -577,6 +602,14 @@ class PostgresSession(SessionRows):
         if self.epoch:
             with contextlib.suppress(Exception), self.repository.reading() as connection:
                 self.release(connection)
+
+
+def _readable(connection: Any) -> bool:
+    """Whether the server sent something on an idle connection (or closed it)."""
+    try:
+        return bool(select.select([connection.fileno()], [], [], 0)[0])
+    except Exception:  # closed, no socket: let the check say
+        return True
 
 
 def _columns(keys: Sequence[Key]) -> tuple[list[str], list[int]]:

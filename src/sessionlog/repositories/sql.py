@@ -356,9 +356,9 @@ class SQLRepository(RepositoryBase):
 
     def latest(self, **filters: Any) -> SessionInfo | None:
         with self.failing_as("latest"):
-            found = self.list(**{**filters, "limit": 1})
+            found = self._list(Filters(**{**filters, "limit": 1}))  # errors named `latest`
             return found[0] if found else None
 
     def unfinished(self) -> builtins.list[SessionInfo]:
         with self.failing_as("unfinished"):
-            return self.list(status="needs-recovery", limit=None)
+            return self._list(Filters(status="needs-recovery", limit=None))  # errors named `unfinished`
