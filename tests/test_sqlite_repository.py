@@ -687,3 +687,34 @@ def test_sqlite_reads_with_the_rule_its_writers_use(tmp_path: Path, durability: 
         assert repo.info.nul_rule() == repo.async_info.nul_rule()
         assert repo.info.nul_rule()["nul_window"] == 0
         assert repo.info.nul_rule()["nul_tail"] == (durability == "power")
+
+
+def test_a_database_that_cannot_be_made_on_a_full_disk_leaves_no_file(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from sessionlog.testing.faults import mount_tiny_tmpfs, unmount
+
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    why = mount_tiny_tmpfs(folder, "256k")
+    if why is not None:
+        pytest.skip(f"no small filesystem to fill: {why}")
+    try:
+        with contextlib.suppress(OSError), (folder / "filler").open("wb") as out:
+            while True:
+                out.write(b"x" * 4096)
+                out.flush()
+        script = (  # in a child: SQLite meeting a full disk must not take pytest down with it
+            "import sys, sessionlog\n"
+            "try:\n"
+            "    sessionlog.repository('sqlite:///' + sys.argv[1])\n"
+            "except sessionlog.SessionPathError as error:\n"
+            "    print(error.errno)\n"
+        )
+        command = [sys.executable, "-c", script, str(folder / "new.db")]
+        child = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert child.stdout.strip() == "28", child.stderr
+        assert sorted(item.name for item in folder.iterdir()) == ["filler"]
+    finally:
+        unmount(folder)

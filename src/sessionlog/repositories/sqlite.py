@@ -135,16 +135,25 @@ def _ours(connection: sqlite3.Connection, tables: set[str]) -> bool:
     return columns >= _COLUMNS
 
 
-def _create_private(path: Path) -> None:
+def _create_private(path: Path) -> bool:
     """Create the database file empty and 0600 (if missing) before SQLite opens it: its -wal and
-    -shm take their mode from it, so none of the three is ever readable by others."""
+    -shm take their mode from it, so none of the three is ever readable by others. Whether it
+    was created here."""
     try:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        return True
     except FileExistsError:
-        pass
+        return False
     except OSError as error:
         problem = f"{path}: cannot create the database: {error.strerror}"
         raise SessionPathError(error.errno, problem, str(path)) from None
+
+
+def _remove_if_empty(path: Path, created: bool) -> None:
+    """A repository that failed to open leaves no empty database file it made (a full disk)."""
+    with contextlib.suppress(OSError):
+        if created and path.stat().st_size == 0:
+            path.unlink()
 
 
 class SQLiteRepository(SQLRepository):
@@ -165,9 +174,8 @@ class SQLiteRepository(SQLRepository):
         if type(create) is not bool:  # `?create=false` in a URL is the text "false"
             raise TypeError(f"create is True or False, not {shown(create)}")
         self.path = Path(path)
-        if create:
-            _create_private(self.path)
-        elif not self.path.is_file():
+        created = create and _create_private(self.path)
+        if not create and not self.path.is_file():
             raise RepositoryNotFoundError(errno.ENOENT, f"no SQLite database at {self.path}", str(self.path))
         self.key = str(self.path.resolve())  # the database, whatever the path's spelling
         self.info = INFOS[durability, "sync"]
@@ -182,13 +190,18 @@ class SQLiteRepository(SQLRepository):
         where = str(self.path.absolute())
         where = "/" + where.lstrip("/")  # `//x` would name a URI's host
         self._uri = f"file:{urllib.parse.quote(where)}?mode={'rwc' if create else 'rw'}"
-        self.connection = self.connect(empty_is_missing=not create)
         self._wal_path = f"{self.path}-wal"
         self._wal: tuple[int, int] | None = None
+        try:
+            self.connection = self.connect(empty_is_missing=not create)
+        except BaseException:
+            _remove_if_empty(self.path, created)
+            raise
         try:
             migrate(self.transaction, STEPS, self.path)
         except BaseException:
             self.connection.close()
+            _remove_if_empty(self.path, created)
             raise
         self._wal = _inode(self._wal_path)  # there from the first transaction while a connection is open
 
