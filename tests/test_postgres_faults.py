@@ -325,3 +325,89 @@ def test_a_connection_broken_at_the_commit_of_a_create_is_an_unknown_outcome(
         monkeypatch.setattr(psycopg.Connection, "commit", broken)
         with pytest.raises(sessionlog.CommitOutcomeUnknownError, match="may or may not"):
             repo.create(**HEADER)
+
+
+# -- no password shown, whatever the location's shape -----------------------------------------------
+
+SECRET = "S3cr3t-pw"
+SHAPES = [
+    f"postgresql://u:{SECRET}@[host",  # malformed: libpq echoes the whole URL
+    f"postgresql://u:{SECRET}@[::1/db",
+    f"postgresql://u:{SECRET}@127.0.0.1:notaport/db",
+    f"postgresql://u:{SECRET}@127.0.0.1:1/db?connect_timeout=2",
+    f"postgresql://u:{SECRET}@127.0.0.1:1/db?bogus=1",
+    f"postgresql://u:{SECRET}@127.0.0.1:1/db?sslmode=bogus",
+    f"postgresql://u@127.0.0.1:1/db?password={SECRET}&connect_timeout=2",
+    f"postgresql://u@127.0.0.1:1/db?password={SECRET}&bogus=1",
+    "postgresql://u:S3cr%33t-pw@127.0.0.1:1/db?bogus=1",  # percent-encoded
+    "postgresql://u@127.0.0.1:1/db?password=S3cr%33t-pw&bogus=1",
+    f"postgresql://u:{SECRET}@@127.0.0.1:1/db?bogus=1",
+    f"host=127.0.0.1 port=1 user=u password={SECRET} connect_timeout=2",
+    f"host=127.0.0.1 port=notaport password={SECRET}",
+    f"host=127.0.0.1 password = {SECRET} bogus=1",
+    f"host=127.0.0.1 password='{SECRET}' bogus=1",
+    f"host=127.0.0.1 password='{SECRET} x' bogus=1",
+    f"host=127.0.0.1 password='{SECRET}",  # an unterminated quote
+    f"host=[x password={SECRET} port",
+    f"password={SECRET}",
+]
+
+
+def _every_text(error: BaseException) -> str:
+    """Everything an error can show: str, repr, args, the chain, the formatted traceback."""
+    import traceback
+
+    texts = []
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        texts += [str(current), repr(current), repr(current.args)]
+        current = current.__cause__ or current.__context__
+    texts += traceback.format_exception(error)
+    return "\n".join(texts)
+
+
+@pytest.mark.parametrize("location", SHAPES)
+def test_no_password_in_any_error_whatever_the_shape(location: str) -> None:
+    from sessionlog.repositories.locations import mask_in, masked
+    from sessionlog.repositories.postgres import PostgresRepository
+
+    with pytest.raises(sessionlog.SessionLogError) as caught:
+        PostgresRepository(location)
+    shown = _every_text(caught.value)
+    assert SECRET not in shown and "S3cr%33t-pw" not in shown, shown
+    for text in (masked(location), mask_in(f"bad: {location}", location)):
+        assert SECRET not in text and "S3cr%33t-pw" not in text and "S3cr3t" not in text, text
+
+
+def test_no_password_in_reprs_or_errors_of_a_live_repository(postgres_server: PostgresServer) -> None:
+    url = postgres_server.new_database()
+    password = postgres_server.password
+    with sessionlog.repository(url) as repo, repo.create(**HEADER) as store:
+        shown = repr(repo) + str(repo.path) + repr(store) + str(store.path)
+        with pytest.raises(sessionlog.SessionNotFoundError) as caught:
+            repo.open("01a23551-afe2-7383-ba2e-1bf74f5db851")
+        shown += _every_text(caught.value)
+    assert password not in shown
+
+
+@pytest.mark.parametrize(
+    ("location", "password"),
+    [
+        ("postgresql://u:S3cr%33t-pw@h/db", SECRET),
+        ("postgresql://u@h/db?password=S3cr%33t-pw", SECRET),
+        ("postgresql://u@h/db?sslmode=require&PASSWORD=S3cr%33t-pw", SECRET),
+        (f"postgresql://u:{SECRET}@@h/db", SECRET),
+        (f"postgresql://u:{SECRET}@x@h/db", f"{SECRET}@x"),
+        (f"host=h password='{SECRET} x'", f"{SECRET} x"),
+        (r"host=h password='S3cr3t\'pw'", "S3cr3t'pw"),
+        (f"postgres://u:{SECRET}@h:5432", SECRET),
+    ],
+)
+def test_a_drivers_message_is_masked_in_every_form_of_the_password(location: str, password: str) -> None:
+    """libpq quotes a password decoded (percent-encoding, quotes, escapes) or not at all."""
+    from sessionlog.repositories.locations import mask_in
+
+    shown = mask_in(f'connection failed for {location}: password "{password}" rejected', location)
+    assert password not in shown and SECRET not in shown, shown

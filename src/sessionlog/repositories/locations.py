@@ -29,18 +29,28 @@ def masked(location: str) -> str:
 
 
 def mask_in(text: str, location: str) -> str:
-    """`text` (a driver's message, say) with the location's password, in whatever shape it
-    appears there, replaced by `***`, and every password-shaped part of `text` masked too."""
-    secrets = set()
-    for found in _KEYWORD.finditer(location):
-        value = found.group(2).strip("'")
-        if value:
-            secrets.add(value)
-    _, separator, rest = location.partition("://")
-    if separator and "@" in rest:
-        _, colon, password = rest[: rest.rfind("@")].partition(":")
-        if colon and password:
-            secrets |= {password, unquote(password)}
-    for secret in sorted(secrets, key=len, reverse=True):
+    """`text` (a driver's message, say) with the location's password, in whatever form it
+    appears there (as written, percent-decoded, unquoted and unescaped), replaced by `***`, and
+    every password-shaped part of `text` masked too."""
+    for secret in sorted(_secrets(location), key=len, reverse=True):
         text = text.replace(secret, "***")
     return masked(text)
+
+
+def _secrets(location: str) -> set[str]:
+    """Every form in which the password of `location` may be quoted back."""
+    found = []
+    for match in _KEYWORD.finditer(location):
+        value = match.group(2)
+        if value.startswith("'"):
+            value = value[1:-1] if len(value) > 1 and value.endswith("'") else value[1:]
+            found.append(re.sub(r"\\(.)", r"\1", value))  # a keyword DSN's escapes
+        found.append(value)
+    _, separator, rest = location.partition("://")
+    if separator and "@" in rest:
+        # up to the last '@' (a password holding '@' unencoded) and up to the first (libpq's reading)
+        for userinfo in {rest[: rest.rfind("@")], rest[: rest.find("@")]}:
+            _, colon, password = userinfo.partition(":")
+            if colon:
+                found.append(password)
+    return {form for value in found for form in (value, unquote(value)) if form}

@@ -210,16 +210,18 @@ class PostgresRepository(SQLRepository):
         Pooled connections are checked as they are lent, so a pool outlives a server restart."""
         from psycopg_pool import ConnectionPool
 
+        problem = None
         try:
             with self.psycopg.connect(location, connect_timeout=10) as probe:
                 display = _display(probe.info)
         except self.psycopg.Error as error:
             problem = self.problem(error)
+        if problem is not None:  # raised here, with no context: the driver's error may hold the password
             if not create and _NO_DATABASE.search(problem):
                 raise RepositoryNotFoundError(
                     errno.ENOENT, f"no PostgreSQL database at {self.path} ({problem})", self.path
-                ) from None
-            raise SessionPathError(errno.ECONNREFUSED, f"cannot connect to PostgreSQL: {problem}") from None
+                )
+            raise SessionPathError(errno.ECONNREFUSED, f"cannot connect to PostgreSQL: {problem}")
 
         def configure(connection: Any) -> None:
             connection.autocommit = True
