@@ -411,3 +411,26 @@ def test_a_drivers_message_is_masked_in_every_form_of_the_password(location: str
 
     shown = mask_in(f'connection failed for {location}: password "{password}" rejected', location)
     assert password not in shown and SECRET not in shown, shown
+
+
+# -- create=False creates nothing -----------------------------------------------------------------
+
+
+def test_create_false_on_a_database_without_the_schema_creates_nothing(
+    postgres_server: PostgresServer,
+) -> None:
+    url = postgres_server.new_database()
+    with pytest.raises(sessionlog.RepositoryNotFoundError) as caught:
+        sessionlog.repository(url, create=False)
+    assert isinstance(caught.value, FileNotFoundError) and postgres_server.password not in str(caught.value)
+    with pytest.raises(sessionlog.RepositoryNotFoundError):
+        asyncio.run(sessionlog.repository_async(url, create=False))
+    assert sql(url, "select to_regnamespace('sessionlog')") == [(None,)]
+    missing = postgres_server.url_for("no_such_database")
+    with pytest.raises(sessionlog.RepositoryNotFoundError) as caught:
+        sessionlog.repository(missing, create=False)
+    assert postgres_server.password not in str(caught.value)
+    with sessionlog.repository(url) as repo, repo.create(**HEADER):
+        pass
+    with sessionlog.repository(url, create=False) as repo:  # an existing one opens as before
+        assert len(repo.list()) == 1
