@@ -15,8 +15,12 @@
     sessionlog fork LOCATION#SESSION_ID --at SEQ
     sessionlog rm LOCATION#SESSION_ID
 
-A session inside a repository (a directory, or `sqlite:///path.db`) is `LOCATION#SESSION_ID`;
-the read-only commands (inspect, verify, reduce, plan) and recover and abort take that too.
+A session inside a repository (a directory, `sqlite:///relative.db`, `sqlite:////absolute.db`,
+`postgresql://USER@HOST/DATABASE`) is `LOCATION#SESSION_ID`; the read-only commands (inspect,
+verify, reduce, plan) and recover and abort take that too. A missing repository is a usage error
+(exit 2: "LOCATION: no such repository") and nothing is created, for every command but import and
+convert, which make the repository they write into. A location is printed as given, its password
+masked (`repositories.locations.masked`) on stdout and stderr alike.
 
 Every command that reads a session also takes `--progress {auto,always,never}` (stderr; rich
 when installed, plain text otherwise; `auto`: large sessions on a terminal).
@@ -26,7 +30,7 @@ recovery planned); 2 usage (bad arguments, no such file or backend, an unreadabl
 file); 3 the session is in use (another writer holds its lock: the writing commands repair,
 recover, abort and convert take it, like every store); 4 recovery is blocked and needs a person
 (`plan` or `recover` left a `blocked` plan: `abort` ends the run). Errors are one line on stderr
-naming the file, the line and its byte offset.
+naming the file, the line and its byte offset; a bad argument is one line too (never a traceback).
 
 Read-only commands (inspect, verify, reduce, plan, and repair/recover with --dry-run) never
 modify the session and take no writer lock: for backends whose session is a plain file they read
@@ -59,21 +63,22 @@ from ..core.errors import (
     ValidationError,
 )
 from ..plugins.registry import Registry, default_registry
+from ..repositories.locations import masked
 from . import repos
 from .convert import cmd_convert
 from .look import cmd_backends, cmd_inspect, cmd_reduce, cmd_verify
-from .output import PROG, one_line, say_error
+from .output import LOCATIONS, PROG, one_line, say_error
 from .recover import cmd_abort, cmd_plan, cmd_recover
 from .repair import cmd_repair
-from .sessions import CURRENT_HELP, Mismatch, UsageError
+from .sessions import CURRENT_HELP, Mismatch, UsageError, check_session_name
 
 EXIT_OK, EXIT_BAD_SESSION, EXIT_USAGE, EXIT_IN_USE = 0, 1, 2, 3
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
+        # One line, as every other error; masked, as it may echo a location given by mistake.
+        self.exit(2, f"{self.prog}: error: {masked(one_line(message))} (see: {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -227,7 +232,14 @@ def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None)
     except SystemExit as exit:  # --help, or a usage error argparse has reported
         return 0 if exit.code is None else exit.code if isinstance(exit.code, int) else 2
     registry = registry if registry is not None else default_registry()
+    LOCATIONS.clear()
+    for name in ("file", "location", "session", "src", "dst"):
+        if isinstance(getattr(args, name, None), str):
+            LOCATIONS.add(getattr(args, name))  # every line printed from here on shows it masked
     try:
+        for name in ("file", "src"):
+            if isinstance(getattr(args, name, None), str):
+                check_session_name(getattr(args, name))
         return COMMANDS[args.command](args, registry)
     except _USAGE_ERRORS as error:
         say_error(args.command, _message(error))
@@ -245,6 +257,9 @@ def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None)
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except OSError as error:
+    except (OSError, SessionLogError) as error:  # a filesystem's or a database's failure
         say_error(args.command, _message(error))
+        return 1
+    except Exception as error:  # a defect: still one line, masked, never a traceback
+        say_error(args.command, f"unexpected {type(error).__name__}: {_message(error)}")
         return 1

@@ -142,7 +142,7 @@ def _into_repository(args: argparse.Namespace, registry: Registry) -> int:
     if args.to is not None:
         raise UsageError(f"{args.dst} is a repository: it chooses how it stores sessions (drop --to)")
     data, state = load_session(args.src, args.backend, registry, args.progress)
-    with open_repository(args.dst, registry) as repository:
+    with open_repository(args.dst, registry, create=True) as repository:
         session_id = repository.import_(data[: state.repaired_length])
         if repository.load(session_id) != state:
             raise Mismatch(f"{args.dst}#{session_id} does not reduce to the state of {args.src}")

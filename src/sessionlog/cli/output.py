@@ -11,8 +11,42 @@ from typing import Any
 
 import orjson
 
+from ..repositories.locations import masked, passwords
+
 PROG = "sessionlog"
 LARGE = 32 << 20  # bytes: from here on, work on a terminal shows progress
+
+
+class Locations:
+    """The locations given on this command line, and how each may be shown: every line the CLI
+    prints passes through `private`, which writes each location as `masked` shows it and
+    replaces its password wherever else it appears (a driver's message quoting it in another
+    shape). Nothing changes for a location without a password."""
+
+    def __init__(self) -> None:
+        self._given: dict[str, str] = {}
+        self._passwords: list[str] = []
+
+    def add(self, location: str) -> None:
+        secrets = passwords(location)
+        secrets |= {json.dumps(secret)[1:-1] for secret in secrets}  # as JSON output quotes it
+        if secrets:
+            self._given[location] = masked(location)
+            self._passwords = sorted({*self._passwords, *secrets}, key=len, reverse=True)
+
+    def clear(self) -> None:
+        self._given.clear()
+        self._passwords = []
+
+    def private(self, text: str) -> str:
+        for location, shown in self._given.items():
+            text = text.replace(location, shown)
+        for secret in self._passwords:
+            text = text.replace(secret, "***")
+        return text
+
+
+LOCATIONS = Locations()
 
 
 def dumps(value: Any) -> str:
@@ -25,12 +59,12 @@ def dumps(value: Any) -> str:
 def out(text: str = "") -> None:
     """A line for people: control and format characters (terminal escapes, bidi overrides) that
     a model or a file put in a session are shown escaped, never executed by the terminal."""
-    sys.stdout.write(escaped(text) + "\n")
+    sys.stdout.write(LOCATIONS.private(escaped(text)) + "\n")
 
 
 def out_json(value: Any) -> None:
     """JSON for programs (its encoder escapes what JSON must)."""
-    sys.stdout.write(dumps(value) + "\n")
+    sys.stdout.write(LOCATIONS.private(dumps(value)) + "\n")
 
 
 def escaped(text: str) -> str:
@@ -51,7 +85,8 @@ def one_line(text: str) -> str:
 
 
 def say_error(command: str, message: str) -> None:
-    sys.stderr.write(f"{PROG} {command}: {escaped(one_line(message))}\n")
+    """One line on stderr; a password-shaped part of it masked too (a message, never data)."""
+    sys.stderr.write(f"{PROG} {command}: {masked(LOCATIONS.private(escaped(one_line(message))))}\n")
 
 
 def compact(value: Any) -> str:

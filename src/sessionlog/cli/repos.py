@@ -62,7 +62,7 @@ def cmd_export(args: argparse.Namespace, registry: Registry) -> int:
 
 def cmd_import(args: argparse.Namespace, registry: Registry) -> int:
     data = read_session_file(args.file)
-    with open_repository(args.location, registry) as repository:
+    with open_repository(args.location, registry, create=True) as repository:
         session_id = repository.import_(data, labels=args.label)
     out(f"imported {args.file} as {args.location}#{session_id}")
     return 0
@@ -88,18 +88,16 @@ def cmd_migrate(args: argparse.Namespace, registry: Registry) -> int:
     """Make or migrate a PostgreSQL repository's schema, apart from the runtime (whose role then
     needs only SELECT, INSERT, UPDATE, DELETE)."""
     if not args.location.startswith(("postgresql://", "postgres://")):
-        raise UsageError(
-            f"migrate is for PostgreSQL repositories (postgresql://...), not {args.location!r:.80}"
-        )
+        raise UsageError(f"migrate is for PostgreSQL repositories (postgresql://...), not {args.location}")
     from ..repositories.postgres import SCHEMA_VERSION, PostgresRepository
 
     repository = PostgresRepository(args.location)
     found = repository.found_version
     repository.close()
     if found == SCHEMA_VERSION:
-        out(f"{repository.path}: the schema is at version {SCHEMA_VERSION}; nothing to do")
+        out(f"{args.location}: the schema is at version {SCHEMA_VERSION}; nothing to do")
     else:
-        out(f"{repository.path}: migrated the schema from version {found} to version {SCHEMA_VERSION}")
+        out(f"{args.location}: migrated the schema from version {found} to version {SCHEMA_VERSION}")
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +14,7 @@ from ..backends.jsonl_file import read_session_file
 from ..core.errors import (
     ConfigurationError,
     CorruptionError,
+    RepositoryNotFoundError,
     SessionLogError,
     SessionPathError,
 )
@@ -23,7 +25,7 @@ from ..core.reducer import is_uuid7
 from ..core.state import SessionState
 from ..core.store import SessionStore
 from ..plugins.registry import Registry
-from .output import Progress, status
+from .output import PROG, Progress, status
 
 CURRENT_LIMIT = 16 << 20  # bytes: a current configuration is a few kilobytes
 
@@ -70,11 +72,36 @@ def open_for_writing(name: str, backend: str, registry: Registry) -> Iterator[Se
         yield store
 
 
-def open_repository(location: str, registry: Registry) -> Any:
+def check_session_name(name: str) -> None:
+    """A repository's URL where a session is wanted (`verify sqlite:////var/agent.db`): say how
+    to name one of its sessions, rather than look for a file of that name."""
+    if "://" in name and not in_repository(name):
+        raise UsageError(
+            f"{name} is a repository: name one of its sessions as {name}#SESSION_ID "
+            f"({PROG} ls {name} lists them)"
+        )
+
+
+# A libpq keyword DSN (`host=db password=...`) is no location: as a directory name it would be
+# made (by import) or reported missing under that name, password and all.
+_KEYWORD_DSN = re.compile(r"^\s*(host|hostaddr|port|dbname|user|password|service|sslmode)\s*=", re.IGNORECASE)
+
+
+def open_repository(location: str, registry: Registry, *, create: bool = False) -> Any:
+    """The repository at `location`, as given on the command line. `create=False` (every command
+    but import and convert, which write into it): a missing repository is a usage error and
+    nothing is created (no directory, index or database file)."""
     from ..repositories import repository
 
+    if "://" not in location and _KEYWORD_DSN.match(location):
+        raise UsageError(
+            f"{location}: not a repository location (a directory, sqlite:///PATH or "
+            "postgresql://USER@HOST/DATABASE; a keyword DSN is not one)"
+        )
     try:
-        return repository(location, registry=registry)
+        return repository(location, registry=registry, create=create)
+    except RepositoryNotFoundError:
+        raise UsageError(f"{location}: no such repository (nothing was created)") from None
     except ValueError as error:
         raise UsageError(str(error)) from None
 

@@ -37,6 +37,12 @@ def mask_in(text: str, location: str) -> str:
     return masked(text)
 
 
+def passwords(location: str) -> set[str]:
+    """Every form in which the password of `location` may be quoted back (for output that is
+    not a message, where `mask_in`'s masking of password-shaped text would change data)."""
+    return _secrets(location)
+
+
 def _secrets(location: str) -> set[str]:
     """Every form in which the password of `location` may be quoted back."""
     found = []

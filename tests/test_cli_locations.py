@@ -1,0 +1,287 @@
+"""Locations on the command line: every location the CLI prints is masked (a password in a URL's
+userinfo, in `?password=`, in a malformed URL, in a keyword DSN never appears on stdout or
+stderr, on success or failure); a command that only reads, or works on one existing session,
+creates nothing for a missing location and says that it does not exist; locations are printed as
+given; hostile arguments get a one-line error and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sessionlog
+from sessionlog.core import facts as F
+from sessionlog.repositories.locations import masked
+from test_recovery import CURRENT
+
+PASSWORD = "Pw-h4-s3cr3t-Zq"
+ID = "0190a1b2-0000-7000-8000-000000000000"  # a well-formed session id that no repository holds
+HEADER = {"provider": "p", "model": "m", "cwd": "/w", "environment_identity": "env"}
+
+
+def _no_traceback(run: Any) -> None:
+    assert "Traceback" not in run.err and len(run.err.splitlines()) <= 1, run.err
+
+
+def _quiet(run: Any, password: str = PASSWORD) -> None:
+    assert password not in run.out + run.err, run.out + run.err
+    _no_traceback(run)
+
+
+def _session_in(location: str) -> str:
+    repository = sessionlog.repository(location)
+    try:
+        with repository.create(provider="p", model="m", cwd="/w", environment_identity="env") as store:
+            store.commit(F.accept_prompt("do it"))
+            return store.load().session_id
+    finally:
+        repository.close()
+
+
+@pytest.fixture
+def current(tmp_path: Path) -> Path:
+    path = tmp_path / "current.json"
+    path.write_text(json.dumps(CURRENT))
+    return path
+
+
+def _every_command(location: str, session_id: str, current: Path, tmp_path: Path) -> list[list[Any]]:
+    """Every command that takes a location, on the session `session_id` of `location`."""
+    name = f"{location}#{session_id}"
+    exported = tmp_path / "exported.jsonl"
+    return [
+        ["ls", location],
+        ["ls", location, "--json"],
+        ["inspect", name],
+        ["inspect", name, "--json"],
+        ["verify", name],
+        ["reduce", name],
+        ["plan", name, "--current", current],
+        ["plan", name, "--current", current, "--json"],
+        ["recover", name, "--current", current, "--dry-run"],
+        ["repair", name, "--dry-run"],
+        ["export", name, "-o", exported],
+        ["import", location, exported],
+        ["fork", name, "--at", "2"],
+        ["fork", name, "--at", "1"],  # refused: seq 1 does not end a transaction
+        ["recover", name, "--current", current],
+        ["abort", name, "--current", current],
+        ["repair", name],
+        ["convert", exported, location],  # refused: the id is there already
+        ["rm", name],
+        ["rm", name],  # refused: gone
+        ["inspect", name],  # refused: gone
+        ["verify", location],  # a repository, not a session
+        ["inspect", location],
+        ["migrate", location],
+    ]
+
+
+# -- passwords ---------------------------------------------------------------------------------
+
+
+def _with_query_password(url: str, password: str) -> str:
+    """`postgresql://user:PW@host/db` as `postgresql://user@host/db?password=PW`."""
+    scheme, rest = url.split("://", 1)
+    userinfo, where = rest.split("@", 1)
+    return f"{scheme}://{userinfo.split(':', 1)[0]}@{where}?password={password}"
+
+
+@pytest.mark.parametrize("shape", ["userinfo", "query"])
+def test_no_command_prints_the_password_of_a_postgresql_location(
+    shape: str, postgres_server: Any, cli: Any, current: Path, tmp_path: Path
+) -> None:
+    url = postgres_server.new_database()
+    password = postgres_server.password
+    location = url if shape == "userinfo" else _with_query_password(url, password)
+    session_id = _session_in(location)
+    outcomes = {}
+    for argv in _every_command(location, session_id, current, tmp_path):
+        run = cli(*argv)
+        _quiet(run, password)
+        outcomes[" ".join(str(arg) for arg in argv[:2])] = run.code
+        if run.code == 0 and argv[0] in ("inspect", "verify", "fork", "rm", "migrate"):
+            assert masked(location) in run.out, run.out  # named as given, masked
+    assert outcomes[f"verify {location}#{session_id}"] == 0  # the commands did run against it
+
+
+@pytest.mark.parametrize(
+    "location",
+    [
+        f"postgresql://agent:{PASSWORD}@127.0.0.1:1/agent",  # nothing listens on port 1
+        f"postgresql://agent@127.0.0.1:1/agent?password={PASSWORD}",
+        f"postgresql://agent:{PASSWORD}@[127.0.0.1:1/agent",  # malformed: libpq echoes the URL
+        f"postgres://agent:{PASSWORD}@db.invalid/agent",
+        f"host=127.0.0.1 port=1 password={PASSWORD} dbname=agent",  # a keyword DSN (not a URL)
+    ],
+)
+def test_a_location_that_cannot_be_reached_is_refused_without_its_password(
+    location: str, cli: Any, current: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "exported.jsonl").write_bytes(sessionlog.encode_header(**HEADER))
+    for argv in _every_command(location, ID, current, tmp_path):
+        run = cli(*argv)
+        assert run.code != 0, argv
+        _quiet(run)
+    assert sorted(os.listdir(tmp_path)) == ["current.json", "exported.jsonl"]  # a DSN is no directory
+
+
+# -- missing locations -------------------------------------------------------------------------
+
+
+READ_ONLY = [
+    ["ls", "{location}"],
+    ["ls", "{location}", "--json"],
+    ["inspect", "{session}"],
+    ["verify", "{session}"],
+    ["reduce", "{session}"],
+    ["plan", "{session}", "--current", "{current}"],
+    ["recover", "{session}", "--current", "{current}", "--dry-run"],
+    ["repair", "{session}", "--dry-run"],
+    ["export", "{session}"],
+]
+ON_ONE_SESSION = [  # writers, but of a session that must exist
+    ["fork", "{session}", "--at", "1"],
+    ["rm", "{session}"],
+    ["recover", "{session}", "--current", "{current}"],
+    ["abort", "{session}", "--current", "{current}"],
+    ["repair", "{session}"],
+]
+
+
+@pytest.mark.parametrize("argv", READ_ONLY + ON_ONE_SESSION, ids=lambda argv: " ".join(argv[:1] + argv[2:]))
+@pytest.mark.parametrize("kind", ["directory", "sqlite-relative", "sqlite-absolute"])
+def test_a_missing_location_is_said_to_be_missing_and_nothing_is_created(
+    kind: str, argv: list[str], cli: Any, current: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    location = {
+        "directory": "sesions",
+        "sqlite-relative": "sqlite:///sesions.db",
+        "sqlite-absolute": f"sqlite:///{work / 'sesions.db'}",
+    }[kind]
+    words = {"location": location, "session": f"{location}#{ID}", "current": str(current)}
+    run = cli(*(word.format(**words) for word in argv))
+    assert run.code == 2, run.out + run.err
+    assert run.err == f"sessionlog {argv[0]}: {location}: no such repository (nothing was created)\n"
+    assert run.out == "" or run.out.startswith("{")  # --json may print its refusal, never "no sessions"
+    assert "no sessions" not in run.out
+    assert os.listdir(work) == []
+
+
+def test_import_and_convert_make_the_repository_they_write_into(cli: Any, tmp_path: Path) -> None:
+    source = tmp_path / "s.jsonl"
+    with sessionlog.create(source, **HEADER) as store:
+        store.commit(F.accept_prompt("hi"))
+    assert cli("import", tmp_path / "new", source).code == 0
+    assert cli("convert", source, f"sqlite:///{tmp_path / 'new.db'}").code == 0
+    assert len(sessionlog.repository(tmp_path / "new", create=False).list()) == 1
+
+
+# -- locations as given ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["absolute", "relative"])
+def test_a_repository_without_a_session_id_is_named_as_given(
+    form: str, cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    location = f"sqlite:///{tmp_path / 'agent.db'}" if form == "absolute" else "sqlite:///agent.db"
+    session_id = _session_in(location)
+    for command in ("verify", "inspect", "reduce", "repair"):
+        run = cli(command, location)
+        assert run.code == 2
+        assert run.err == (
+            f"sessionlog {command}: {location} is a repository: name one of its sessions as "
+            f"{location}#SESSION_ID (sessionlog ls {location} lists them)\n"
+        )
+    run = cli("verify", f"{location}#{session_id}")
+    assert run.code == 0 and run.out.startswith(f"{location}#{session_id}: valid")
+
+
+def test_the_sqlite_url_forms_name_the_files_sqlalchemy_names(
+    cli: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    session_id = _session_in("sqlite:///relative.db")
+    assert (tmp_path / "relative.db").is_file()
+    assert cli("verify", f"sqlite:////{str(tmp_path / 'relative.db').lstrip('/')}#{session_id}").code == 0
+    assert cli("ls", "sqlite:///relative.db").out.startswith(session_id)
+
+
+# -- hostile arguments -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ls", "{repo}", "--limit", str(2**70)],
+        ["ls", "{repo}", "--limit", "-5"],
+        ["ls", "{repo}", "--limit", "0"],
+        ["ls", "{repo}", "--limit", "many"],
+        ["ls", "{repo}", "--label", ""],
+        ["ls", "{repo}", "--label", "x" * 10_000],
+        ["ls", "{file}"],
+        ["ls", "{sqlite_repo}", "--limit", str(2**63)],
+        ["ls", "{sqlite_repo}", "--limit", "-1"],
+        ["fork", "{session}", "--at", "-1"],
+        ["fork", "{session}", "--at", str(2**64)],
+        ["fork", "{session}", "--at", "99"],
+        ["fork", "{sqlite_session}", "--at", str(2**64)],
+        ["fork", "{sqlite_session}", "--at", "-1"],
+        ["fork", "{repo}#not-an-id", "--at", "1"],
+        ["rm", "{repo}#" + "0" * 5000],
+        ["rm", "{repo}"],
+        ["export", "{session}", "-o", "{repo}"],  # a directory in place of the file
+        ["export", "{session}", "-o", "{missing}/out.jsonl"],
+        ["export", "{session}", "-o", "{file}/out.jsonl"],  # a file in place of a directory
+        ["import", "{repo}", "{missing}"],
+        ["import", "{repo}", "{repo}"],  # a directory in place of a file
+        ["import", "{file}", "{file}"],  # a file in place of the repository
+        ["import", "{repo}", "{garbage}"],
+        ["import", "{sqlite_repo}", "{garbage}"],
+        ["import", "{repo}", "{file}", "--label", ""],
+        ["convert", "{file}", "{repo}", "--to", "jsonl"],
+        ["convert", "{garbage}", "{repo}"],
+        ["convert", "{file}", "{missing}/x.jsonl", "--to", "jsonl"],
+        ["inspect", "{repo}#" + ID],
+        ["verify", "{sqlite_repo}#" + ID],
+        ["inspect", "{file}#" + ID],  # a file in place of the repository
+        ["migrate", "{repo}"],
+        ["migrate", "sqlite:///{missing}.db"],
+        ["ls", "nope://x"],
+        ["ls", "sqlite://relative.db"],  # two slashes: neither form
+        ["ls", "sqlite:///"],
+        ["inspect", "{sqlite_repo}#" + ID + "#" + ID],
+    ],
+)
+def test_hostile_arguments_get_one_line_and_a_non_zero_exit(
+    argv: list[str], cli: Any, tmp_path: Path
+) -> None:
+    repo = tmp_path / "repo"
+    session_id = _session_in(str(repo))
+    sqlite_repo = f"sqlite:///{tmp_path / 'agent.db'}"
+    sqlite_id = _session_in(sqlite_repo)
+    (tmp_path / "garbage").write_bytes(b"\x00\xff not a session\n")
+    file = tmp_path / "s.jsonl"
+    file.write_bytes(sessionlog.repository(repo).export(session_id))
+    words = {
+        "repo": str(repo),
+        "sqlite_repo": sqlite_repo,
+        "session": f"{repo}#{session_id}",
+        "sqlite_session": f"{sqlite_repo}#{sqlite_id}",
+        "file": str(file),
+        "garbage": str(tmp_path / "garbage"),
+        "missing": str(tmp_path / "missing"),
+    }
+    run = cli(*(word.format(**words) for word in argv))
+    assert run.code != 0, run.out
+    _no_traceback(run)
+    assert run.err.startswith(f"sessionlog {argv[0]}: "), run.err
