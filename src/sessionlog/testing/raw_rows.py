@@ -31,7 +31,9 @@ def replace_rows(repository: Any, session_id: str | None, data: bytes) -> str:
         if session_id is not None:
             found = connection.execute(sql["summary"], (session_id,)).fetchone()
             summary = found[0] if found else None
-            connection.execute(sql["delete"], (session_id,))
+            row = connection.execute(sql["holder"], (session_id,)).fetchone()
+            if row is not None:  # `delete` checks the row as read (writer epoch and head)
+                connection.execute(sql["delete"], (session_id, row[1], row[2]))
         session_id = session_id or _header_id(lines)
         connection.execute(
             sql["insert_session"],
