@@ -137,3 +137,26 @@ def test_closing_the_repository_before_its_stores_never_hangs(
         await again.close()
 
     asyncio.run(main())
+
+
+def test_a_batch_that_fails_unexpectedly_never_stops_the_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever goes wrong inside one batch (here the batch's outcomes do not match it) fails
+    that batch's commits; the writer thread lives on for every later one."""
+
+    async def main() -> None:
+        repo = await sessionlog.repository_async(_location("sqlite", tmp_path))
+        first, second = await repo.create(**HEADER), await repo.create(**HEADER)
+        real = repo.sync.write_batch
+        monkeypatch.setattr(repo.sync, "write_batch", lambda connection, batch: [])
+        with pytest.raises(sessionlog.StorePoisonedError):
+            await asyncio.wait_for(first.commit(F.accept_prompt("lost")), 60)  # a hang detector
+        monkeypatch.setattr(repo.sync, "write_batch", real)
+        await asyncio.wait_for(second.commit(F.accept_prompt("goes on")), 60)
+        assert (await repo.load((await second.load()).session_id)).last_seq == 2
+        await first.close()
+        await second.close()
+        await repo.close()
+
+    asyncio.run(main())

@@ -187,7 +187,9 @@ class AsyncRowsSession(SessionRows):
             heartbeat.attach((session_id, epoch), self)
 
     def _with_connection(self, work: Callable[..., _T], *args: Any) -> _T:
-        with self.repository.reading() as connection:
+        """`work` on a connection of the repository: reading the session as its store opens (a
+        driver's error typed, as the sync store's are)."""
+        with self.repository.failing_as("open", self.session_id), self.repository.reading() as connection:
             return work(connection, *args)
 
     async def read(self) -> bytes:
@@ -271,7 +273,12 @@ class BatchWriter:
                     stopping = True
                     break
                 batch.append(item)
-            self._write(batch)
+            try:
+                self._write(batch)
+            except BaseException as error:  # a bug, say: fail this batch, never the thread (every
+                for _, _, future in batch:  # later commit would wait forever)
+                    if not future.done():
+                        future.set_exception(error)
 
     def _write(self, batch: list[_Batch]) -> None:
         try:
@@ -314,8 +321,12 @@ async def repository_async(location: str | Path, **options: Any) -> AsyncReposit
     if writes_with is not None:
         options["backend"] = _SYNC_TWIN[writes_with]
     sync = await asyncio.to_thread(functools.partial(repository, location, **options))
-    if isinstance(sync, DirectoryRepository):
-        return AsyncDirectoryRepository(sync, writes_with)
-    if isinstance(sync, SQLRepository):
-        return AsyncSQLRepository(sync)
-    raise TypeError(f"no async twin for {type(sync).__name__} repositories")
+    try:
+        if isinstance(sync, DirectoryRepository):
+            return AsyncDirectoryRepository(sync, writes_with)
+        if isinstance(sync, SQLRepository):
+            return AsyncSQLRepository(sync)  # its writer connects: that may fail
+        raise TypeError(f"no async twin for {type(sync).__name__} repositories")
+    except BaseException:
+        await asyncio.to_thread(sync.close)
+        raise
