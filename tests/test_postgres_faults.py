@@ -43,11 +43,11 @@ def contents(repo: Any, session_id: str) -> list[Any]:
 def test_a_writer_idle_for_many_leases_keeps_its_session(postgres_server: PostgresServer) -> None:
     """An agent waiting on one model call far longer than the lease is never taken over."""
     url = postgres_server.new_database()
-    with sessionlog.repository(url, lease_seconds=1) as repo, sessionlog.repository(url) as recovery:
+    with sessionlog.repository(url, lease_seconds=2) as repo, sessionlog.repository(url) as recovery:
         store = repo.create(**HEADER)
         store.commit(F.accept_prompt("a long model call"))
         session_id = store.load().session_id
-        time.sleep(4)  # four leases without a commit: the scenario, not a verdict
+        time.sleep(7)  # three leases and more without a commit: the scenario, not a verdict
         assert recovery.unfinished() == []
         assert recovery.claim_unfinished() is None
         with pytest.raises(sessionlog.SessionLockedError):
@@ -102,7 +102,7 @@ _STOPPED = """
 import sys, sessionlog
 from sessionlog.core import facts as F
 url, session_id = sys.argv[1:3]
-repo = sessionlog.repository(url, lease_seconds=1)
+repo = sessionlog.repository(url, lease_seconds=2)
 store = repo.open(session_id)
 print("open", flush=True)
 sys.stdin.readline()
@@ -133,7 +133,7 @@ def test_a_writer_stopped_past_its_lease_is_claimed_and_fenced(postgres_server: 
             assert child.stdout.readline().strip() == "open"
             assert repo.claim_unfinished() is None  # its heartbeat runs
             os.kill(child.pid, signal.SIGSTOP)
-            time.sleep(2.5)
+            time.sleep(4.5)  # past its lease
             claimed = repo.claim_unfinished()
             assert claimed is not None and claimed.load().session_id == session_id
             os.kill(child.pid, signal.SIGCONT)

@@ -206,7 +206,8 @@ class AsyncRowsSession(SessionRows):
             self.repository.forget_hold(self.session_id, self.epoch)
             return
         if self.epoch:
-            await self.owner._call(self._with_connection, self.release)
+            with contextlib.suppress(SessionLogError):  # at best effort, as `release` itself
+                await self.owner._call(self._with_connection, self.release)
         if self.owner_closes:
             await self.owner.close()
 

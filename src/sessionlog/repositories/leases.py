@@ -102,7 +102,7 @@ class Heartbeat:
             thread, self._thread = self._thread, None
         self._wake.set()
         if thread is not None and thread is not threading.current_thread():
-            thread.join()
+            thread.join(self.lease)  # a renewal stuck on a dead server is not waited out: its holds lapse
         kept = self.held()
         with self._lock:
             self._holds.clear()

@@ -340,7 +340,10 @@ class PostgresRepository(SQLRepository):
         heartbeat = getattr(self, "heartbeat", None)
         held = heartbeat.close() if heartbeat is not None else []
         if held and self.pool is not None and not self.pool.closed:
-            with contextlib.suppress(Exception), self.pool.connection() as connection:
+            with (
+                contextlib.suppress(Exception),
+                self.pool.connection(timeout=self.lease_seconds / 3) as connection,
+            ):
                 connection.execute(self.row_sql["release_all"], (*_columns(held), self.me))
         if self.owns_pool and self.pool is not None:
             self.pool.close()  # a pool the caller passed stays the caller's, open
@@ -354,7 +357,7 @@ class PostgresRepository(SQLRepository):
     def _renew(self, keys: list[Key]) -> tuple[set[Key], set[Key]]:
         """The heartbeat's round trip: renew the leases of `keys` still this writer's, skipping
         rows another transaction has locked; which were renewed, which are lost."""
-        with self.pool.connection() as connection:
+        with self.pool.connection(timeout=self.lease_seconds / 3) as connection:  # no waiting past a round
             kept = {
                 (row[0], int(row[1]))
                 for row in connection.execute(self.row_sql["renew"], (*_columns(keys), self.me))
@@ -601,9 +604,17 @@ class PostgresSession(SessionRows):
             self.repository.commit_alone(self, (line,))
 
     def close(self) -> None:
+        """Release the hold at best effort, never waiting long: a release that cannot be
+        written leaves a lease that runs out (the heartbeat stopped renewing it)."""
+        repository = self.repository
         if self.epoch:
-            with contextlib.suppress(Exception), self.repository.reading() as connection:
-                self.release(connection)
+            repository.forget_hold(self.session_id, self.epoch)
+            if not repository.closed:
+                with (
+                    contextlib.suppress(Exception),
+                    repository.pool.connection(timeout=repository.lease_seconds / 3) as connection,
+                ):
+                    self.release(connection)
 
 
 def _readable(connection: Any) -> bool:
