@@ -601,7 +601,7 @@ def test_a_holder_elsewhere_holds_while_its_lease_runs_and_no_longer(tmp_path: P
         with repo.create(**HEADER) as store:
             store.commit(F.accept_prompt("unfinished run"))  # a run started, never finished
             session_id = store.load().session_id
-        _set_holder(database, session_id, "old-container:1", 60_000)
+        _set_holder(database, session_id, "old-container:1", 3_600_000)
         with pytest.raises(sessionlog.SessionLockedError):
             repo.open(session_id)
         assert repo.unfinished() == [] and repo.list()[0].status == "running"
