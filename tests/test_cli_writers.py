@@ -15,6 +15,7 @@ import pytest
 import sessionlog
 from sessionlog.cli import convert as convert_module
 from sessionlog.cli import sessions as sessions_module
+from sessionlog.core import facts as F
 from test_cli import mid_crash, torn
 from test_recovery import CURRENT
 
@@ -144,3 +145,145 @@ def test_verify_refuses_a_damaged_line_end_that_a_store_would_not_cut(cli: Any, 
     assert run.code == 1 and "damaged line end" in run.err
     assert cli("repair", path).code == 1
     assert path.read_bytes() == data[:-1] + b"\x0b"
+
+
+# -- temporaries and partial copies -------------------------------------------------------------
+
+_STOPPED_IN_FSYNC = """
+import os, sys, time
+from sessionlog.cli import main
+def stopped(fd):
+    print("syncing", flush=True)  # the temporary is written: now the operator kills us
+    time.sleep(3600)
+os.fsync = stopped
+main(sys.argv[1:])
+"""
+
+
+def _temporaries(folder: Path) -> list[str]:
+    return sorted(item.name for item in folder.iterdir() if item.name.startswith("."))
+
+
+def _repository_session(tmp_path: Path) -> str:
+    repository = sessionlog.repository(tmp_path / "repo")
+    with repository.create(provider="p", model="m", cwd="/w", environment_identity="env") as store:
+        store.commit(F.accept_prompt("x" * 100_000))
+        session_id = store.load().session_id
+    repository.close()
+    return f"{tmp_path / 'repo'}#{session_id}"
+
+
+def test_a_killed_export_leaves_a_temporary_that_the_next_export_removes(cli: Any, tmp_path: Path) -> None:
+    name = _repository_session(tmp_path)
+    out = tmp_path / "out" / "exported.jsonl"
+    out.parent.mkdir()
+    for _ in range(3):  # each kill leaves its temporary; the next run removes the dead one's
+        child = subprocess.Popen(
+            [sys.executable, "-c", _STOPPED_IN_FSYNC, "export", name, "-o", str(out)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout is not None and child.stdout.readline() == "syncing\n"
+        child.kill()
+        child.wait()
+        assert len(_temporaries(out.parent)) == 1 and not out.exists()
+    assert cli("export", name, "-o", out).code == 0
+    assert _temporaries(out.parent) == [] and out.is_file()
+
+
+def test_an_export_that_fails_on_a_full_disk_leaves_no_temporary(
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+    import os
+
+    from sessionlog import maintenance
+
+    name = _repository_session(tmp_path)
+    out = tmp_path / "out" / "exported.jsonl"
+    out.parent.mkdir()
+    real_write = os.write
+
+    def full(fd: int, data: Any) -> int:
+        if len(data) > 1000:
+            real_write(fd, bytes(data[:1000]))  # part of it lands, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(maintenance.os, "write", full)
+    run = cli("export", name, "-o", out)
+    monkeypatch.undo()
+    assert run.code == 1 and "No space left on device" in run.err and len(run.err.splitlines()) == 1
+    assert os.listdir(out.parent) == []
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "sqlite-async"])
+def test_a_convert_to_sqlite_is_all_or_nothing_and_its_retry_works(
+    backend: str, cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = mid_crash(tmp_path / "agent.jsonl")
+    database = tmp_path / "out.db"
+    written = []
+
+    def failing(*args: Any) -> None:
+        written.append(args)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(convert_module, "_write_sync", failing)
+    monkeypatch.setattr(convert_module, "_write_async", failing)
+    assert cli("convert", path, database, "--to", backend).code == 1
+    assert written  # it failed after the header was stored, while copying the lines
+    assert sorted(item.name for item in tmp_path.iterdir()) == ["agent.jsonl"]  # no partial session
+    monkeypatch.undo()
+    run = cli("convert", path, database, "--to", backend)
+    assert run.code == 0, run.err
+    assert sessionlog.reduce_bytes(path.read_bytes()) == sessionlog.repository(
+        f"sqlite:///{database}", create=False
+    ).load(sessionlog.reduce_bytes(path.read_bytes()).session_id)
+
+
+def test_a_convert_into_an_existing_database_that_fails_leaves_it_as_it_was(
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = mid_crash(tmp_path / "agent.jsonl")
+    session_id = sessionlog.reduce_bytes(path.read_bytes()).session_id
+    database = tmp_path / "many.db"
+    repository = sessionlog.repository(f"sqlite:///{database}")
+    with repository.create(provider="p", model="m", cwd="/w", environment_identity="env"):
+        pass
+    before = [info.session_id for info in repository.list()]
+    repository.close()
+
+    def failing(*args: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(convert_module, "_write_sync", failing)
+    assert cli("convert", path, f"{database}#{session_id}", "--to", "sqlite").code == 1
+    repository = sessionlog.repository(f"sqlite:///{database}", create=False)
+    assert [info.session_id for info in repository.list()] == before  # the partial session removed
+    repository.close()
+    monkeypatch.undo()
+    run = cli("convert", path, f"{database}#{session_id}", "--to", "sqlite")
+    assert run.code == 0, run.err
+
+
+def test_a_killed_convert_to_sqlite_leaves_nothing_under_its_name_and_the_next_one_cleans_up(
+    cli: Any, tmp_path: Path
+) -> None:
+    path = mid_crash(tmp_path / "agent.jsonl")
+    database = tmp_path / "out.db"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _STOPPED_IN_FSYNC, "convert", str(path), str(database), "--to", "sqlite"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None and child.stdout.readline() == "syncing\n"  # copied, not yet linked
+    child.kill()
+    child.wait()
+    assert not database.exists() and _temporaries(tmp_path)
+    run = cli("convert", path, database, "--to", "sqlite")
+    assert run.code == 0, run.err
+    assert _temporaries(tmp_path) == [] and sorted(item.name for item in tmp_path.iterdir()) == [
+        "agent.jsonl",
+        "out.db",
+    ]

@@ -8,9 +8,11 @@ at its first bad line; everything from there moves into a side file next to the 
 session opens again and nothing is destroyed. A kill between the two steps leaves the side file
 and the intact session: running it again finds the same cut and a side file already there.
 
-Copy into place (`sessionlog convert` to a file backend): the copy is written to a temporary file
-next to the destination, synced, and linked to its name only when complete, as `create` does; a
-kill leaves no destination and a temporary that the next create or open of it removes.
+Copy into place (`sessionlog convert` to a file backend or a new SQLite database, `export -o`):
+the copy is written to a temporary file next to the destination, synced, and linked to its name
+only when complete, as `create` does; a failure removes its temporary, and a kill leaves no
+destination and a temporary that the next copy to that destination removes
+(`remove_stale_copies`), as the next create or open of a session removes a dead create's.
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ from typing import Any
 
 import orjson
 
-from .backends.jsonl_file import DEFAULT_OPS, JsonlFile, remove_stale_temporaries, temporary_path
+from .backends.jsonl_file import (
+    DEFAULT_OPS,
+    JsonlFile,
+    process_alive,
+    remove_stale_temporaries,
+    temporary_path,
+)
 from .core.errors import CorruptionError, SessionExistsError
 from .core.framing import lines
 from .core.loading import valid_prefix
@@ -106,6 +114,33 @@ def _write_side_file(side: Path, data: bytes) -> None:
             errno.EEXIST, f"a different quarantine file is already there: {side}", str(side)
         )
     write_into_place(side, data)
+
+
+def remove_stale_copies(destination: Path) -> None:
+    """Remove what copies into `destination` killed earlier left next to it: their temporaries
+    (`remove_stale_temporaries`: `.NAME.PID.RANDOM.converting`) and, of a SQLite copy, its
+    `-wal`, `-shm` and `-journal`. Those of a live process are its work in progress and stay."""
+    remove_stale_temporaries(destination)
+    marker = f".{destination.name}."
+    try:
+        names = [entry.name for entry in os.scandir(destination.parent) if entry.name.startswith(marker)]
+    except OSError:
+        return
+    for name in names:
+        base, _, suffix = name.rpartition("-")
+        parts = base.split(".")
+        if suffix not in ("wal", "shm", "journal") or parts[-1] != "converting" or len(parts) < 5:
+            continue
+        if parts[-3].isdigit() and not process_alive(int(parts[-3])):
+            with contextlib.suppress(OSError):
+                os.unlink(destination.parent / name)
+
+
+def remove_copy(temp: Path) -> None:
+    """Remove a copy's temporary and, when it is a SQLite database, its -wal, -shm, -journal."""
+    for path in (temp, *(temp.with_name(f"{temp.name}-{suffix}") for suffix in ("wal", "shm", "journal"))):
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def write_into_place(destination: Path, data: bytes) -> None:

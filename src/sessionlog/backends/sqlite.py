@@ -35,6 +35,7 @@ INFOS = {
         "sync",
         "SQLite WAL, synchronous=FULL, one row per transaction",
         opens_read_only=True,
+        single_file=True,
     ),
     ("process", "sync"): BackendInfo(
         "sqlite-normal",
@@ -42,6 +43,7 @@ INFOS = {
         "sync",
         "SQLite WAL, synchronous=NORMAL, one row per transaction",
         opens_read_only=True,
+        single_file=True,
     ),
     ("power", "async"): BackendInfo(
         "sqlite-async",
@@ -49,6 +51,7 @@ INFOS = {
         "async",
         "SQLite WAL, synchronous=FULL, commits batched by a writer thread",
         opens_read_only=True,
+        single_file=True,
     ),
     ("process", "async"): BackendInfo(
         "sqlite-normal-async",
@@ -56,6 +59,7 @@ INFOS = {
         "async",
         "SQLite WAL, synchronous=NORMAL, commits batched by a writer thread",
         opens_read_only=True,
+        single_file=True,
     ),
 }
 

@@ -11,12 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..backends.jsonl_file import remove_stale_temporaries, temporary_path
-from ..core.errors import (
-    SessionExistsError,
-)
+from ..backends.jsonl_file import temporary_path
+from ..core.errors import SessionExistsError, SessionLogError, SessionPathError
 from ..core.framing import lines
-from ..maintenance import link_into_place, sync_file
+from ..maintenance import link_into_place, remove_copy, remove_stale_copies, sync_file
 from ..plugins.registry import Registry
 from .output import Progress, out
 from .sessions import Mismatch, UsageError, load_session, open_repository
@@ -73,35 +71,39 @@ def cmd_convert(args: argparse.Namespace, registry: Registry) -> int:
         raise UsageError(f"--to BACKEND is needed: {args.dst} is not a repository (a directory or a URL)")
     info = registry.info(args.to)  # an unknown target is a usage error before anything is read
     destination = Path(args.dst)
-    if info.plain_file:
-        remove_stale_temporaries(destination)  # of a convert killed earlier
-        if os.path.lexists(destination):
-            raise SessionExistsError(
-                errno.EEXIST, f"a session already exists: {destination}", str(destination)
-            )
+    # A new file of its own (a session file, a new SQLite database) is written under a temporary
+    # name and linked into place when complete and synced: a failure or a kill leaves nothing
+    # under the destination's name. Into an existing database (or `DB#SESSION_ID`), a failure
+    # deletes the session it began.
+    aside = info.plain_file or (info.single_file and "#" not in args.dst and not os.path.lexists(destination))
+    if aside:
+        remove_stale_copies(destination)  # of a convert killed earlier
+    if info.plain_file and os.path.lexists(destination):
+        raise SessionExistsError(errno.EEXIST, f"a session already exists: {destination}", str(destination))
     data, state = load_session(args.src, args.backend, registry, args.progress)  # all valid from here on
     end = state.repaired_length
     header_end = data.index(b"\n") + 1
     body = [data[start : start + len(raw) + 1] for _, start, raw in lines(data, end)][1:]
-    # A file target is written under a temporary name and linked into place when complete and
-    # synced: a kill leaves no partial copy under the destination's name.
-    target = temporary_path(destination, "converting") if info.plain_file else destination
+    target = temporary_path(destination, "converting") if aside else destination
+    database = Path(args.dst.rpartition("#")[0] or args.dst)
+    made_database = not os.path.lexists(database)
+    created: list[bool] = []  # the session was made: from here on a failure undoes it
     progress = Progress(args.progress, f"writing {args.dst}", end - header_end)
     try:
-        _copy(registry, args.to, target, data[:header_end], body, progress)
+        _copy(registry, args.to, target, data[:header_end], body, progress, created)
         progress.close()
-        if info.plain_file:
-            sync_file(target)
         converted = load_session(str(target), args.to, registry, args.progress)[1]
         if converted != state:
             raise Mismatch(f"{args.dst}: the converted session does not reduce to the state of {args.src}")
-        if info.plain_file:
+        if aside:
+            _settle(target)
             link_into_place(target, destination)
     except BaseException:
         progress.close()
-        if info.plain_file:
-            with contextlib.suppress(OSError):
-                target.unlink()
+        if aside:
+            remove_copy(target)
+        elif created and info.single_file:
+            _undo_session(database, state.session_id, made_database)
         raise
     torn = len(data) - end
     note = f"; dropped a torn tail of {torn:,} bytes (uncommitted)" if torn else ""
@@ -112,14 +114,48 @@ def cmd_convert(args: argparse.Namespace, registry: Registry) -> int:
     return 0
 
 
+def _settle(copy: Path) -> None:
+    """The closed copy synced, whole in its one file: a SQLite copy's write-ahead log folded back
+    when its last connection closed (else the file alone would lack what the log holds)."""
+    wal = copy.with_name(f"{copy.name}-wal")
+    if os.path.exists(wal) and os.path.getsize(wal):
+        raise SessionPathError(errno.EIO, f"the copy's write-ahead log was not folded back: {wal}", str(wal))
+    sync_file(copy)
+    remove_copy(wal)  # an empty -wal or -shm of the closed copy, if SQLite kept them
+    remove_copy(copy.with_name(f"{copy.name}-shm"))
+
+
+def _undo_session(database: Path, session_id: str, made_database: bool) -> None:
+    """Delete the session a failed convert began in a SQLite database (the whole database when
+    the convert made it): a retry finds nothing in its way."""
+    if made_database:
+        remove_copy(database)
+        return
+    from ..repositories.sqlite import SQLiteRepository
+
+    with contextlib.suppress(SessionLogError, OSError):
+        repository = SQLiteRepository(database, create=False)
+        try:
+            repository.delete(session_id)
+        finally:
+            repository.close()
+
+
 def _copy(
-    registry: Registry, backend: str, path: Path, header: bytes, body: list[bytes], progress: Progress
+    registry: Registry,
+    backend: str,
+    path: Path,
+    header: bytes,
+    body: list[bytes],
+    progress: Progress,
+    created: list[bool],
 ) -> None:
     """Create the session at `path` with the source's header line, then store the source's
     committed lines unchanged: seq, ids and timestamps stay exactly."""
     factory = registry.factory(backend)
     if registry.info(backend).api == "sync":
         opened = factory(path, create=header)
+        created.append(True)
         try:
             _write_sync(opened, body, progress)
         finally:
@@ -128,6 +164,7 @@ def _copy(
 
     async def copy_async() -> None:
         opened = await factory(path, create=header)
+        created.append(True)
         try:
             await _write_async(opened, body, progress)
         finally:

@@ -81,7 +81,7 @@ def _recover(
         if first is not None and (facts := first(memory.load())):
             on_commit({"type": "abort"}, memory.commit(facts))
         return recover(memory, current, on_commit=on_commit), memory.load().is_idle
-    if in_repository(args.file) or registry.info(args.backend).api == "sync":
+    if in_repository(args.file, registry.info(args.backend)) or registry.info(args.backend).api == "sync":
         with open_for_writing(args.file, args.backend, registry) as store:
             if first is not None and (facts := first(store.load())):
                 on_commit({"type": "abort"}, store.commit(facts))

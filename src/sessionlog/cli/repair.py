@@ -34,7 +34,7 @@ def cmd_repair(args: argparse.Namespace, registry: Registry) -> int:
         return 0
     # Opening a store for writing is the repair, under the writer lock: it reads and reduces again
     # and truncates the torn tail it finds then (the bytes counted above may have changed since).
-    if in_repository(args.file) or registry.info(args.backend).api == "sync":
+    if in_repository(args.file, registry.info(args.backend)) or registry.info(args.backend).api == "sync":
         with open_for_writing(args.file, args.backend, registry) as store:
             dropped, kept = store.torn_bytes, store.load()
     else:
@@ -53,7 +53,7 @@ def cmd_repair(args: argparse.Namespace, registry: Registry) -> int:
 
 def _quarantine(args: argparse.Namespace, registry: Registry) -> int:
     path, info = Path(args.file), registry.info(args.backend)
-    if in_repository(args.file):  # a directory repository's session is a file too
+    if in_repository(args.file, info):  # a directory repository's session is a file too
         location, session_id = args.file.rsplit("#", 1)
         with open_repository(location, registry) as repository:
             if not isinstance(repository, DirectoryRepository):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.jsonl_file import read_session_file
-from ..maintenance import write_into_place
+from ..maintenance import remove_stale_copies, write_into_place
 from ..plugins.registry import Registry
 from .describe import created_text
 from .output import out, out_json
@@ -53,6 +53,7 @@ def cmd_export(args: argparse.Namespace, registry: Registry) -> int:
     with open_repository(location, registry) as repository:
         data = repository.export(session_id)
     if args.output:
+        remove_stale_copies(Path(args.output))  # of an export killed earlier
         write_into_place(Path(args.output), data)  # never overwrites; complete or absent
     else:
         sys.stdout.buffer.write(data)

@@ -23,7 +23,7 @@ from ..core.loading import reduce_bytes
 from ..core.planner import check_current
 from ..core.reducer import is_uuid7
 from ..core.state import SessionState
-from ..core.store import SessionStore
+from ..core.store import BackendInfo, SessionStore
 from ..plugins.registry import Registry
 from .output import PROG, Progress, status
 
@@ -43,7 +43,7 @@ def read_session(path: str, backend: str, registry: Registry) -> tuple[bytes, di
     nul_rule`): the file itself for the built-in file backends and a directory repository's
     sessions, otherwise the backend's own read path (opened, read, closed; never truncated),
     without the writer's hold where the backend can (`BackendInfo.opens_read_only`)."""
-    if in_repository(path):
+    if in_repository(path, registry.info(backend)):
         from ..repositories.directory import DirectoryRepository
 
         location, session_id = path.rsplit("#", 1)
@@ -54,16 +54,20 @@ def read_session(path: str, backend: str, registry: Registry) -> tuple[bytes, di
     return opening.read_stored(path, backend, registry), registry.info(backend).nul_rule()
 
 
-def in_repository(path: str) -> bool:
-    """`LOCATION#SESSION_ID` names a session in a repository (a directory or `sqlite:///...`)."""
+def in_repository(path: str, backend: BackendInfo | None = None) -> bool:
+    """`LOCATION#SESSION_ID` names a session in a repository (a directory or `sqlite:///...`);
+    for a backend whose path names a database (`--backend sqlite`), `DB#SESSION_ID` is that
+    backend's own path of one session, not a repository's."""
     location, separator, session_id = path.rpartition("#")
+    if backend is not None and backend.single_file and "://" not in location:
+        return False
     return bool(separator and location and is_uuid7(session_id))
 
 
 @contextlib.contextmanager
 def open_for_writing(name: str, backend: str, registry: Registry) -> Iterator[SessionStore]:
     """A session for writing: a file by (sync) backend, or `LOCATION#SESSION_ID` in a repository."""
-    if not in_repository(name):
+    if not in_repository(name, registry.info(backend)):
         with opening.open(name, backend, registry=registry) as store:
             yield store
         return

@@ -46,6 +46,7 @@ class BackendInfo:
     plain_file: bool = False  # the session is the JSONL file at its path, byte for byte
     opens_read_only: bool = False  # the factory takes read_only=True: read without the writer's hold
     syncs_filesystem: bool = False  # a syncfs of the whole filesystem makes a commit durable
+    single_file: bool = False  # the session's database is the one regular file at its path (SQLite)
 
     def nul_rule(self) -> dict[str, Any]:
         """How this backend's log reads after a power loss (`core.loading`): in the power class the
