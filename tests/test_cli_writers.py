@@ -287,3 +287,19 @@ def test_a_killed_convert_to_sqlite_leaves_nothing_under_its_name_and_the_next_o
         "agent.jsonl",
         "out.db",
     ]
+
+
+def test_a_convert_into_a_repository_that_does_not_read_back_leaves_no_session(
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sessionlog.repositories.directory import DirectoryRepository
+
+    path = mid_crash(tmp_path / "agent.jsonl")
+    repository = tmp_path / "repo"
+    repository.mkdir()
+    monkeypatch.setattr(DirectoryRepository, "load", lambda self, session_id: None)  # reads back wrong
+    run = cli("convert", path, repository)
+    monkeypatch.undo()
+    assert run.code == 1 and "does not reduce to the state" in run.err
+    assert sessionlog.repository(repository, create=False).list() == []
+    assert cli("convert", path, repository).code == 0

@@ -182,6 +182,7 @@ def _into_repository(args: argparse.Namespace, registry: Registry) -> int:
     with open_repository(args.dst, registry, create=True) as repository:
         session_id = repository.import_(data[: state.repaired_length])
         if repository.load(session_id) != state:
+            repository.delete(session_id)  # all or nothing: a copy that reads back wrong goes
             raise Mismatch(f"{args.dst}#{session_id} does not reduce to the state of {args.src}")
     out(
         f"converted {args.src} -> {args.dst}#{session_id}: last seq {state.last_seq}, "
