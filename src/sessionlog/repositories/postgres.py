@@ -24,11 +24,17 @@ server loses commits it acknowledged.
 
 One writer per session across hosts: opening for writing takes a lease (`writer`,
 `lease_expires_at`, `writer_epoch` bumped) unless a writer holds an unexpired one
-(SessionLockedError naming it), or when asked (`take_over=True`). Every commit renews the lease
-in the fenced update of the summary row. `unfinished()` lists the sessions with an open
-operation whose lease expired; `claim_unfinished()` takes one of them with `FOR UPDATE SKIP
-LOCKED`, so two recovery workers never take the same. When the connection breaks during COMMIT
-the store is poisoned with CommitOutcomeUnknownError; reopening reads the rows back.
+(SessionLockedError naming it), or when asked (`take_over=True`). While a writer holds a
+session its repository's heartbeat renews the lease every third of it (`leases`), and every
+commit renews it too in the fenced update of the summary row; a writer whose hold was lost or
+ran out refuses its next commit before sending it. `unfinished()` lists the sessions with an
+open operation whose lease expired or whose writer was a process of this host that ended;
+`claim_unfinished()` takes one of them with `FOR UPDATE SKIP LOCKED`, so two recovery workers
+never take the same. When the connection breaks during COMMIT the store is poisoned with
+CommitOutcomeUnknownError; reopening reads the rows back. Every other driver error is a
+RepositoryError naming the operation and the session, its message without the password
+(`locations.mask_in`); a pooled connection the server broke is replaced before it is lent.
+With `create=False` a database without the schema is RepositoryNotFoundError, nothing created.
 """
 
 from __future__ import annotations
@@ -128,7 +134,7 @@ def _import_psycopg() -> Any:
 class PostgresRepository(SQLRepository):
     """Sessions in a PostgreSQL database: `location` (a URL or libpq string) or `pool` (a
     `psycopg_pool.ConnectionPool` the caller owns). `lease_seconds`: how long a writer's hold
-    lasts without a commit."""
+    lasts once its process stops renewing it (it is renewed every third of that while held)."""
 
     placeholder = "%s"
 
