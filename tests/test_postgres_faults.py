@@ -434,3 +434,26 @@ def test_create_false_on_a_database_without_the_schema_creates_nothing(
         pass
     with sessionlog.repository(url, create=False) as repo:  # an existing one opens as before
         assert len(repo.list()) == 1
+
+
+def test_a_sync_repository_goes_on_after_its_backends_are_terminated(postgres_server: PostgresServer) -> None:
+    """Every pooled connection is terminated at once (as a failover or an operator does): the
+    next calls and commits go through new connections, not one failed call per dead one."""
+    url = postgres_server.new_database()
+    with sessionlog.repository(url) as repo:
+        store = repo.create(**HEADER)
+        store.commit(F.accept_prompt("before"))
+        session_id = store.load().session_id
+        database = url.rsplit("/", 1)[1]
+        sql(
+            url,
+            "select pg_terminate_backend(pid) from pg_stat_activity "
+            "where datname = %s and pid <> pg_backend_pid()",
+            database,
+        )
+        time.sleep(0.5)  # the terminations are signals: let them land (no verdict hangs on it)
+        for _ in range(4):
+            assert [info.session_id for info in repo.list()] == [session_id]
+        store.commit([F.user_message("after")])
+        assert contents(repo, session_id) == ["before", "after"]
+        store.close()
