@@ -125,3 +125,46 @@ def test_the_planner_validates_current_and_names_the_bad_key() -> None:
     with pytest.raises(sessionlog.ConfigurationError) as caught:
         sessionlog.plan_recovery(state, {**CURRENT, "tools": [tool]})
     assert caught.value.key == "tools[0].definitionDigest" and isinstance(caught.value, ValueError)
+
+
+def _hole_in_the_last_batch(path: Path) -> Path:
+    """A group-commit session after a power loss: its last write held two lines, and the sectors
+    of the first one never arrived (NULs from its start to a sector boundary); the last is whole."""
+    with new_store(path) as store:
+        ids = accept(store, "x" * 3000)
+        attempt(store, ids)
+    data = path.read_bytes()
+    starts = [0] + [index + 1 for index, byte in enumerate(data) if byte == 0x0A]
+    first = starts[-3]  # the second-to-last line: the batch's first
+    boundary = (first // 512 + 2) * 512
+    assert boundary < starts[-2] - 1  # inside that line: its LF and the last line are intact
+    path.write_bytes(data[:first] + bytes(boundary - first) + data[boundary:])
+    return path
+
+
+def test_a_hole_inside_a_group_commit_batch_is_hinted_with_the_backend_that_reads_it(
+    cli: Any, tmp_path: Path
+) -> None:
+    path = _hole_in_the_last_batch(tmp_path / "s.jsonl")
+    run = cli("verify", path)
+    assert run.code == 1 and "power loss" in run.err and "--backend jsonl-group" in run.err
+    assert "--backend jsonl-fsync" not in run.err
+    assert cli("verify", path, "--backend", "jsonl-fsync").code == 1  # its rule refuses it: a batch's hole
+    for backend in ("jsonl-group", "jsonl-syncfs"):
+        assert cli("verify", path, "--backend", backend).code == 0
+
+
+def test_a_directory_repository_session_is_read_with_the_backend_named(cli: Any, tmp_path: Path) -> None:
+    repository = sessionlog.repository(tmp_path / "repo")
+    with repository.create(provider="p", model="m", cwd="/w", environment_identity="env") as store:
+        session_id = store.load().session_id
+    repository.close()
+    _hole_in_the_last_batch(tmp_path / "s.jsonl")
+    (tmp_path / "repo" / f"{session_id}.jsonl").unlink()
+    data = (tmp_path / "s.jsonl").read_bytes()
+    session_id = sessionlog.reduce_bytes(data, nul_tail=True, nul_window=4 << 20).session_id
+    (tmp_path / "repo" / f"{session_id}.jsonl").write_bytes(data)
+    name = f"{tmp_path / 'repo'}#{session_id}"
+    run = cli("verify", name)
+    assert run.code == 1 and "--backend jsonl-group" in run.err
+    assert cli("verify", name, "--backend", "jsonl-group").code == 0

@@ -37,7 +37,7 @@ def cmd_backends(args: argparse.Namespace, registry: Registry) -> int:
 def cmd_inspect(args: argparse.Namespace, registry: Registry) -> int:
     data, rule = read_session(args.file, args.backend, registry)
     try:
-        state = reduce_session(args.file, data, args.progress, rule)
+        state = reduce_session(args.file, data, args.progress, rule, registry)
     except CorruptionError as error:
         prefix = _valid_prefix(data, rule)
         if args.json:
@@ -156,7 +156,7 @@ def cmd_verify(args: argparse.Namespace, registry: Registry) -> int:
 def cmd_reduce(args: argparse.Namespace, registry: Registry) -> int:
     data, rule = read_session(args.file, args.backend, registry)
     try:
-        state = reduce_session(args.file, data, args.progress, rule)
+        state = reduce_session(args.file, data, args.progress, rule, registry)
     except CorruptionError as error:
         out_json({"ok": False, "error": error.to_json()})
         raise

@@ -18,13 +18,13 @@ from ..core.errors import (
     SessionLogError,
     SessionPathError,
 )
-from ..core.framing import NUL_WINDOW, lines, parse_line
+from ..core.framing import lines, parse_line
 from ..core.loading import reduce_bytes
 from ..core.planner import check_current
 from ..core.reducer import is_uuid7
 from ..core.state import SessionState
 from ..core.store import BackendInfo, SessionStore
-from ..plugins.registry import Registry
+from ..plugins.registry import Registry, default_registry
 from .output import PROG, Progress, status
 
 CURRENT_LIMIT = 16 << 20  # bytes: a current configuration is a few kilobytes
@@ -49,7 +49,11 @@ def read_session(path: str, backend: str, registry: Registry) -> tuple[bytes, di
         location, session_id = path.rsplit("#", 1)
         with open_repository(location, registry) as repository:
             if isinstance(repository, DirectoryRepository):  # as stored, a torn tail included
-                return read_session_file(repository.path(session_id)), repository.rule
+                named = registry.info(backend)  # the backend that wrote them, when it is named
+                rule = (
+                    named.nul_rule() if named.plain_file and named.durability == "power" else repository.rule
+                )
+                return read_session_file(repository.path(session_id)), rule
             return bytes(repository.export(session_id)), repository.info.nul_rule()
     return opening.read_stored(path, backend, registry), registry.info(backend).nul_rule()
 
@@ -110,40 +114,60 @@ def open_repository(location: str, registry: Registry, *, create: bool = False) 
         raise UsageError(str(error)) from None
 
 
-def reduce_session(path: str, data: bytes, mode: str, power: dict[str, Any]) -> SessionState:
+def reduce_session(
+    path: str, data: bytes, mode: str, power: dict[str, Any], registry: Registry | None = None
+) -> SessionState:
     """As the store reads it: in the power class a hole-shaped NUL run in the last write is torn,
-    not corrupt. Read as a process-class log, a log that a power-class one would open is refused
-    with a hint naming the option."""
+    not corrupt. A log refused with the rule it was read with, that the rule of another power-class
+    file backend would open, is refused with a hint naming that backend."""
     with status(mode, f"reducing {path}", len(data)):
         try:
             return reduce_bytes(data, path=path, **power)
         except CorruptionError as error:
-            if power.get("nul_tail") or not _power_class_would_open(data):
+            hint = _power_class_hint(data, power, registry)
+            if hint is None:
                 raise
             raise CorruptionError(
                 error.code,
                 error.line,
                 error.seq,
-                f"{error.detail}; NUL bytes there are what a power loss leaves in a power-class log: if "
-                "jsonl-fsync, jsonl-group or jsonl-syncfs wrote it, read it with --backend jsonl-fsync "
-                "(they read alike)",
+                f"{error.detail}; NUL bytes there are what a power loss leaves in a power-class log: {hint}",
                 offset=error.offset,
                 path=error.path,
             ) from None
 
 
-def _power_class_would_open(data: bytes) -> bool:
-    try:
-        reduce_bytes(data, nul_tail=True, nul_window=NUL_WINDOW)
-    except CorruptionError:
-        return False
-    return True
+def _power_class_hint(data: bytes, used: dict[str, Any], registry: Registry | None) -> str | None:
+    """Which file backends' rule opens `data` (`BackendInfo.nul_rule`), when the rule `used` did
+    not: the narrowest such rule, and every backend whose rule is as wide or wider (a wider
+    window reads whatever a narrower one reads). The last write of a group-committing backend
+    holds a batch, so a hole inside it needs that backend's rule (`jsonl-group`, `jsonl-syncfs`),
+    which `jsonl-fsync`'s refuses."""
+    registry = registry if registry is not None else default_registry()
+    rules: dict[tuple[bool, int], list[str]] = {}
+    for name in registry:
+        info = registry.info(name)
+        if info.plain_file and info.durability == "power":
+            rule = info.nul_rule()
+            rules.setdefault((rule["nul_tail"], rule["nul_window"]), []).append(name)
+    wider = sorted(key for key in rules if key > (bool(used.get("nul_tail")), used.get("nul_window", 0)))
+    for index, (tail, window) in enumerate(wider):
+        try:
+            reduce_bytes(data, nul_tail=tail, nul_window=window)
+        except CorruptionError:
+            continue
+        readers = [name for key in wider[index:] for name in rules[key]]
+        named = readers[0] if len(readers) == 1 else f"{', '.join(readers[:-1])} or {readers[-1]}"
+        alike = f" ({'they read' if len(readers) > 1 else 'it reads'} it alike)"
+        where = " (a hole inside the last batch of a group commit)" if window else ""
+        return f"if {named} wrote it{where}, read it with --backend {rules[(tail, window)][0]}{alike}"
+    return None
 
 
 def load_session(path: str, backend: str, registry: Registry, mode: str) -> tuple[bytes, SessionState]:
     """The stored bytes of a session and their state, read-only, as a store of `backend` reads them."""
     data, rule = read_session(path, backend, registry)
-    return data, reduce_session(path, data, mode, rule)
+    return data, reduce_session(path, data, mode, rule, registry)
 
 
 def count_lines(data: bytes, end: int, mode: str, path: str) -> dict[str, Any]:
