@@ -257,14 +257,17 @@ def test_the_sqlite_url_forms_name_the_files_sqlalchemy_names(
         ["migrate", "{repo}"],
         ["migrate", "sqlite:///{missing}.db"],
         ["ls", "nope://x"],
+        ["ls", ""],  # not the current directory
+        ["import", "", "{file}"],
         ["ls", "sqlite://relative.db"],  # two slashes: neither form
         ["ls", "sqlite:///"],
         ["inspect", "{sqlite_repo}#" + ID + "#" + ID],
     ],
 )
 def test_hostile_arguments_get_one_line_and_a_non_zero_exit(
-    argv: list[str], cli: Any, tmp_path: Path
+    argv: list[str], cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.chdir(tmp_path)  # a location taken for the current directory would write here
     repo = tmp_path / "repo"
     session_id = _session_in(str(repo))
     sqlite_repo = f"sqlite:///{tmp_path / 'agent.db'}"
@@ -281,7 +284,9 @@ def test_hostile_arguments_get_one_line_and_a_non_zero_exit(
         "garbage": str(tmp_path / "garbage"),
         "missing": str(tmp_path / "missing"),
     }
+    before = sorted(os.listdir(tmp_path))
     run = cli(*(word.format(**words) for word in argv))
     assert run.code != 0, run.out
     _no_traceback(run)
+    assert sorted(os.listdir(tmp_path)) == before
     assert run.err.startswith(f"sessionlog {argv[0]}: "), run.err

@@ -101,6 +101,8 @@ def open_repository(location: str, registry: Registry, *, create: bool = False) 
     nothing is created (no directory, index or database file)."""
     from ..repositories import repository
 
+    if not location.strip():  # not the current directory
+        raise UsageError("the location is empty (a directory, sqlite:///PATH or postgresql://...)")
     if "://" not in location and _KEYWORD_DSN.match(location):
         raise UsageError(
             f"{location}: not a repository location (a directory, sqlite:///PATH or "
