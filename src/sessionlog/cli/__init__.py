@@ -179,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument(
         "dst",
         metavar="DST",
-        help="the new session (must not exist), or a repository (a directory, sqlite:///PATH) to "
+        help="the new session (must not exist), or a repository (a directory, sqlite:///relative.db, "
+        "sqlite:////absolute.db, postgresql://...) to "
         "import it into under its own id",
     )
     sub.add_argument("--to", metavar="BACKEND", help="the backend of DST (when DST is a session path)")

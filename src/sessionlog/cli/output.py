@@ -102,7 +102,7 @@ class Progress:
 
     def __init__(self, mode: str, label: str, total: int) -> None:
         self.total = max(total, 1)
-        self.label = label
+        self.label = label = LOCATIONS.private(escaped(label))  # it names the session
         self._shown = -1
         self._bar: Any = None
         self._task: Any = None
@@ -156,6 +156,7 @@ def status(mode: str, label: str, size: int) -> Iterator[None]:
     if not shown:
         yield
         return
+    label = LOCATIONS.private(escaped(label))  # it names the session
     try:
         if not sys.stderr.isatty():
             raise ImportError("plain lines into a pipe or a log file")

@@ -1,5 +1,6 @@
 """Commands on repositories: `ls`, `export`, `import`, `fork`, `rm`. A session inside a
-repository is named `LOCATION#SESSION_ID` (a directory or `sqlite:///path.db`, then its id),
+repository is named `LOCATION#SESSION_ID` (a directory, `sqlite:///relative.db`,
+`sqlite:////absolute.db` or `postgresql://...`, then its id),
 which inspect, verify, reduce, plan, recover and abort accept too."""
 
 from __future__ import annotations
@@ -105,7 +106,11 @@ def cmd_migrate(args: argparse.Namespace, registry: Registry) -> int:
 def add_commands(commands: Any) -> None:
     """The repository commands, on the main parser's subcommands."""
     sub = commands.add_parser("ls", help="list the sessions of a repository, newest first")
-    sub.add_argument("location", metavar="LOCATION", help="a directory, or sqlite:///path.db")
+    sub.add_argument(
+        "location",
+        metavar="LOCATION",
+        help="a directory, sqlite:///relative.db, sqlite:////absolute.db or postgresql://USER@HOST/DATABASE",
+    )
     sub.add_argument(
         "--status",
         action="append",
