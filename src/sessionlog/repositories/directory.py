@@ -7,8 +7,8 @@ session whose run is unfinished and whose lock nobody holds is `needs-recovery`.
 UUIDv7 strings and name the files: an id that is not one is refused before any path is made.
 
 * Each file is read with its writer's rule (`BackendInfo.nul_rule`): the backend the repository
-  was given, or the group-commit backend of the async repository (`read_as`), whose power-loss
-  holes may lie anywhere in its last batch.
+  was given, or the one named by `reads_as=` (the async repository's group-commit backend, set
+  through `read_as`), whose power-loss holes may lie anywhere in its last batch.
 * Delete holds what it checks: the session's writer lock, taken on the file itself, is held
   across the unlink, so a writer can neither be open while its file goes nor open it meanwhile
   (one that opened the file just before and locks it after finds it has no name: its first
