@@ -385,6 +385,21 @@ def test_a_damaged_index_is_set_aside_and_made_anew_from_the_session_files(tmp_p
         assert (tmp_path / f"{INDEX_NAME}.damaged").read_bytes() == before
 
 
+def test_an_index_row_damaged_in_place_is_computed_again(tmp_path: Path) -> None:
+    with sessionlog.repository(tmp_path) as repo:
+        ids = [_session(repo, f"task {index}") for index in range(3)]
+        repo.list()
+    connection = sqlite3.connect(tmp_path / INDEX_NAME)
+    connection.execute("update sessions set info = 'not json' where session_id = ?", (ids[0],))
+    connection.execute("update sessions set info = '{\"x\": 1}' where session_id = ?", (ids[1],))
+    connection.commit()
+    connection.close()
+    with sessionlog.repository(tmp_path) as repo:
+        rows = repo.list()
+        assert sorted(row.session_id for row in rows) == sorted(ids)
+        assert all(row.status == "idle" and row.last_seq == 1 for row in rows)
+
+
 def test_a_full_disk_is_a_typed_error_for_label_and_no_error_for_list(tmp_path: Path) -> None:
     from sessionlog.testing.faults import mount_tiny_tmpfs, unmount
 

@@ -63,6 +63,7 @@ _COLUMNS = {
 _DAMAGED = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB: the file is no (sound) database
 _FULL = 13  # SQLITE_FULL
 _MODE = 0o600
+_SUMMARY_KEYS = {"session_id", "updated_at", "bytes", "rule"}  # what every summary row holds
 
 
 class Damaged(Exception):
@@ -123,7 +124,15 @@ class Index:
 
     def cached(self) -> dict[str, tuple[tuple[int, int, int], dict[str, Any]]]:
         rows = self._read("list", "select session_id, size, mtime_ns, inode, info from sessions")
-        return {row[0]: ((row[1], row[2], row[3]), json.loads(row[4])) for row in rows}
+        found = {}
+        for session_id, size, mtime_ns, inode, text in rows:
+            try:
+                info = json.loads(text)
+            except (TypeError, ValueError):
+                continue  # a row damaged in place: not cached, the file is reduced again
+            if type(info) is dict and info.keys() >= _SUMMARY_KEYS:
+                found[session_id] = ((size, mtime_ns, inode), info)
+        return found
 
     def labels(self) -> dict[str, tuple[str, ...]]:
         found: dict[str, list[str]] = {}
