@@ -400,6 +400,19 @@ def test_an_index_row_damaged_in_place_is_computed_again(tmp_path: Path) -> None
         assert all(row.status == "idle" and row.last_seq == 1 for row in rows)
 
 
+def test_a_directory_removed_under_the_repository_is_a_typed_error(tmp_path: Path) -> None:
+    import shutil
+
+    repo = sessionlog.repository(tmp_path / "repo")
+    session_id = _session(repo)
+    shutil.rmtree(tmp_path / "repo")
+    with pytest.raises(sessionlog.RepositoryError, match="list"):
+        repo.list()
+    with pytest.raises(sessionlog.SessionNotFoundError):
+        repo.load(session_id)
+    repo.close()
+
+
 def test_a_full_disk_is_a_typed_error_for_label_and_no_error_for_list(tmp_path: Path) -> None:
     from sessionlog.testing.faults import mount_tiny_tmpfs, unmount
 

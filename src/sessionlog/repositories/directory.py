@@ -286,7 +286,12 @@ class DirectoryRepository(RepositoryBase):
         rule = _rule_name(self.rule)
         fresh, found = [], []
         present = set()
-        for entry in os.scandir(self.directory):
+        try:
+            entries = builtins.list(os.scandir(self.directory))
+        except OSError as error:  # removed, unreadable
+            problem = f"cannot read the directory: {error.strerror or error}"
+            raise RepositoryError("list", str(self.directory), problem) from error
+        for entry in entries:
             name = entry.name
             session_id = name[: -len(SUFFIX)]
             if not name.endswith(SUFFIX) or (session_id not in cached and not is_uuid7(session_id)):
