@@ -347,6 +347,9 @@ def test_a_secret_given_to_the_runtime_in_a_wrong_argument_shows_at_most_its_pub
         attempt = run.attempt()
         _refused_quietly(lambda: attempt.settle("x", stop_reason=SECRET))
         _refused_quietly(lambda: attempt.settle("x", usage={"input": SECRET}))  # type: ignore[dict-item]
+        _refused_quietly(lambda: store.commit([{**_user("x"), SECRET: b"not JSON"}]))
+        _refused_quietly(lambda: store.commit([{**_user("x"), "extra": {"deeper": {SECRET: float("nan")}}}]))
+        _refused_quietly(lambda: store.commit([{**_user("x"), "extra": [{SECRET + "2": 1 << 70}]}]))
         attempt.settle(None, [{"id": "call_1", "name": SECRET, "arguments": {}}])  # any name a model says
         (synthetic,) = run.start_tools() or [None]  # an unknown tool: settled, never run
         assert synthetic is None

@@ -21,7 +21,8 @@ from typing import Any
 
 import orjson
 
-from .errors import ContractError, ValidationError
+from . import shapes
+from .errors import ContractError, ValidationError, shown
 from .framing import DEFAULT_MAX_LINE_BYTES
 from .ids import new_id
 from .reducer import Reducer
@@ -74,8 +75,20 @@ def not_json(value: Any, line: int, first_seq: int, error: Exception | None = No
     if found is None:  # plain JSON types throughout: orjson's own limit (nesting depth)
         return ValidationError("INVALID_FACT", line, None, f"not encodable as JSON: {error}")
     path, what = found
-    seq = first_seq + int(path[1:].split("]", 1)[0]) if path.startswith("[") else first_seq
+    index = path[1:].split("]", 1)[0] if path.startswith("[") else ""
+    seq = first_seq + int(index) if index.isdigit() else first_seq
     return ValidationError("INVALID_FACT", line, seq, f"{path} is {what}, not a JSON value")
+
+
+# The keys a path names as they are: the contract's own (every other key, a tool argument's say,
+# may hold a secret or a megabyte, and is shown bounded by `shown`).
+CONTRACT_KEYS = frozenset(
+    key
+    for value in (*vars(shapes).values(), *shapes.RECORD_KEYS.values())
+    if isinstance(value, frozenset | tuple)
+    for key in value
+    if isinstance(key, str)
+)
 
 
 def _first_non_json(value: Any) -> tuple[str, str] | None:
@@ -89,7 +102,8 @@ def _first_non_json(value: Any) -> tuple[str, str] | None:
             for key in reversed(list(item)):
                 if type(key) is not str:
                     return path or "the fact", f"an object with a key of type {type(key).__name__}"
-                stack.append((f"{path}.{key}" if path else key, item[key]))
+                step = key if key in CONTRACT_KEYS else f"[{shown(key)}]"
+                stack.append((f"{path}.{step}" if path and step[0] != "[" else f"{path}{step}", item[key]))
         elif kind is list:
             stack.extend((f"{path}[{index}]", child) for index, child in reversed(list(enumerate(item))))
         elif kind is float:
