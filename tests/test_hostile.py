@@ -355,4 +355,9 @@ def test_a_secret_given_to_the_runtime_in_a_wrong_argument_shows_at_most_its_pub
         assert synthetic is None
     _refused_quietly(lambda: sessionlog.open(tmp_path / "s.jsonl", "jsonl", max_line_bytes=SECRET))  # type: ignore[arg-type]
     _refused_quietly(lambda: sessionlog.open(tmp_path / "s.jsonl", SECRET))
+    _refused_quietly(lambda: sessionlog.repository(tmp_path / "repo", backend=SECRET))
+    _refused_quietly(lambda: sessionlog.repository(f"sqlite:///{tmp_path / 'a.db'}", durability=SECRET))
+    pytest.importorskip("psycopg", reason="the PostgreSQL repository's arguments need its driver")
+    _refused_quietly(lambda: sessionlog.repository("postgresql://u@127.0.0.1:1/x", durability=SECRET))
+    _refused_quietly(lambda: sessionlog.repository("postgresql://u@127.0.0.1:1/x", lease_seconds=SECRET))
     _refused_quietly(lambda: sessionlog.open(tmp_path / "s.jsonl", "jsonl", unsafe_no_lock=SECRET))

@@ -62,6 +62,7 @@ from ..core.errors import (
     SessionLockedError,
     SessionLogError,
     SessionPathError,
+    shown,
 )
 from ..core.store import BackendInfo, SessionStore
 from .leases import Heartbeat, Key
@@ -154,11 +155,11 @@ class PostgresRepository(SQLRepository):
             raise ValueError("give the repository a URL or a pool, one of them")
         if durability not in INFOS:
             raise ValueError(
-                f"durability is power or replicated, not {durability!r} (synchronous_commit=off is no "
+                f"durability is power or replicated, not {shown(durability)} (synchronous_commit=off is no "
                 "class: a crash of the server loses commits it acknowledged)"
             )
         if type(lease_seconds) not in (int, float) or not 0 < lease_seconds < 86400:
-            raise ValueError(f"lease_seconds is a number of seconds, not {lease_seconds!r}")
+            raise ValueError(f"lease_seconds is a number of seconds, not {shown(lease_seconds)}")
         self.info, self.async_info = INFOS[durability], ASYNC_INFOS[durability]
         self.lease = f"interval '{float(lease_seconds)} seconds'"
         self.lease_seconds = float(lease_seconds)
