@@ -168,3 +168,20 @@ def test_a_directory_repository_session_is_read_with_the_backend_named(cli: Any,
     run = cli("verify", name)
     assert run.code == 1 and "--backend jsonl-group" in run.err
     assert cli("verify", name, "--backend", "jsonl-group").code == 0
+
+
+def test_ls_reads_a_directory_of_group_commit_sessions_with_the_backend_named(
+    cli: Any, tmp_path: Path
+) -> None:
+    data = _hole_in_the_last_batch(tmp_path / "s.jsonl").read_bytes()
+    session_id = json.loads(data.split(b"\n", 1)[0])["id"]
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / f"{session_id}.jsonl").write_bytes(data)
+    assert "corrupt" in cli("ls", tmp_path / "repo").out  # read as jsonl-fsync, the default
+    for backend in ("jsonl-group", "jsonl-syncfs"):
+        run = cli("ls", tmp_path / "repo", "--backend", backend, "--json")
+        assert run.code == 0 and [row["status"] for row in run.json()] == ["idle"], (
+            run.out
+        )  # torn, not corrupt
+    run = cli("ls", tmp_path / "repo", "--backend", "sqlite")
+    assert run.code == 2 and "file backend" in run.err

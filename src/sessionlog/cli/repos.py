@@ -27,6 +27,8 @@ def _session(name: str) -> tuple[str, str]:
 
 def cmd_ls(args: argparse.Namespace, registry: Registry) -> int:
     with open_repository(args.location, registry) as repository:
+        if args.backend is not None:
+            _read_as(repository, args.backend, registry)
         rows = repository.list(status=args.status or None, labels=args.label, limit=args.limit)
     if args.json:
         out_json([_row(info) for info in rows])
@@ -40,6 +42,18 @@ def cmd_ls(args: argparse.Namespace, registry: Registry) -> int:
     if not rows:
         out("no sessions")
     return 0
+
+
+def _read_as(repository: Any, backend: str, registry: Registry) -> None:
+    """A directory's sessions read with the rule of the file backend that wrote them (an async
+    repository's jsonl-group or jsonl-syncfs files: a power-loss hole may lie in a whole batch)."""
+    from ..repositories.directory import DirectoryRepository
+
+    if not registry.info(backend).plain_file:
+        raise UsageError(f"--backend names the file backend that wrote a directory's sessions, not {backend}")
+    if not isinstance(repository, DirectoryRepository):
+        raise UsageError("--backend is for a directory repository (a database reads its own sessions)")
+    repository.read_as(backend)
 
 
 def _row(info: Any) -> dict[str, Any]:
@@ -119,6 +133,12 @@ def add_commands(commands: Any) -> None:
     )
     sub.add_argument("--label", action="append", default=[], help="only sessions with this label")
     sub.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    sub.add_argument(
+        "--backend",
+        metavar="NAME",
+        help="for a directory: the file backend that wrote its sessions, whose rule reads them "
+        "(default jsonl-fsync; jsonl-group or jsonl-syncfs for an async repository's)",
+    )
     sub.add_argument("--json", action="store_true", help="as JSON")
     sub = commands.add_parser("export", help="the canonical JSONL of a session in a repository")
     sub.add_argument("session", metavar="LOCATION#SESSION_ID")
