@@ -457,3 +457,10 @@ def test_a_sync_repository_goes_on_after_its_backends_are_terminated(postgres_se
         store.commit([F.user_message("after")])
         assert contents(repo, session_id) == ["before", "after"]
         store.close()
+
+
+@pytest.mark.parametrize("lease", [1e-05, 0, -1, float("nan"), float("inf"), 10**6, "30", True])
+def test_a_lease_is_checked_at_the_door(lease: Any, postgres_server: PostgresServer) -> None:
+    """A lease SQL cannot spell (1e-05), or no lease at all, is refused before any connection."""
+    with pytest.raises(ValueError, match="lease_seconds"):
+        sessionlog.repository(postgres_server.url, lease_seconds=lease)

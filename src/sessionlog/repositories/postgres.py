@@ -158,10 +158,12 @@ class PostgresRepository(SQLRepository):
                 f"durability is power or replicated, not {shown(durability)} (synchronous_commit=off is no "
                 "class: a crash of the server loses commits it acknowledged)"
             )
-        if type(lease_seconds) not in (int, float) or not 0 < lease_seconds < 86400:
-            raise ValueError(f"lease_seconds is a number of seconds, not {shown(lease_seconds)}")
+        if type(lease_seconds) not in (int, float) or not 0.1 <= lease_seconds < 86400:
+            raise ValueError(
+                f"lease_seconds is a number of seconds from 0.1 to a day, not {shown(lease_seconds)}"
+            )
         self.info, self.async_info = INFOS[durability], ASYNC_INFOS[durability]
-        self.lease = f"interval '{float(lease_seconds)} seconds'"
+        self.lease = f"interval '{float(lease_seconds):.3f} seconds'"  # never 1e-05: not SQL's syntax
         self.lease_seconds = float(lease_seconds)
         self.sql = statements("sessionlog.", "%s", _LIVE_WRITER)
         # A commit is one statement: the fenced update and the insert, one round trip and, in
