@@ -292,3 +292,12 @@ def test_hostile_arguments_get_one_line_and_a_non_zero_exit(
     _no_traceback(run)
     assert sorted(os.listdir(tmp_path)) == before
     assert run.err.startswith(f"sessionlog {argv[0]}: "), run.err
+
+
+@pytest.mark.parametrize("limit", ["-5", "0", str(2**63), str(2**70), "many"])
+def test_ls_limit_out_of_range_is_said_in_the_cli_s_words(limit: str, cli: Any, tmp_path: Path) -> None:
+    run = cli("ls", tmp_path, "--limit", limit)
+    assert run.code == 2 and run.err.startswith(
+        "sessionlog ls: error: argument --limit: a whole number from 1 to "
+    )
+    assert len(run.err.splitlines()) == 1 and "None" not in run.err

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.jsonl_file import read_session_file
+from ..core.errors import shown
 from ..maintenance import remove_stale_copies, write_into_place
 from ..plugins.registry import Registry
 from .describe import created_text
@@ -117,6 +118,21 @@ def cmd_migrate(args: argparse.Namespace, registry: Registry) -> int:
     return 0
 
 
+_MAX_LIMIT = (1 << 63) - 1  # a listing's limit is a 64-bit SQL integer
+
+
+def _limit(text: str) -> int:
+    """`--limit`: a whole number from 1 on, said so in the CLI's words (the repositories check it
+    too, in the API's)."""
+    try:
+        value: int | str = int(text)
+    except ValueError:
+        value = text
+    if type(value) is not int or not 1 <= value <= _MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"a whole number from 1 to {_MAX_LIMIT:,}, not {shown(value)}")
+    return value
+
+
 def add_commands(commands: Any) -> None:
     """The repository commands, on the main parser's subcommands."""
     sub = commands.add_parser("ls", help="list the sessions of a repository, newest first")
@@ -132,7 +148,7 @@ def add_commands(commands: Any) -> None:
         help="only these",
     )
     sub.add_argument("--label", action="append", default=[], help="only sessions with this label")
-    sub.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    sub.add_argument("--limit", type=_limit, default=100, help="at most this many (default 100)")
     sub.add_argument(
         "--backend",
         metavar="NAME",
