@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,6 +22,23 @@ OWN_FIXTURES = Path(__file__).resolve().parent / "fixtures"
 # faults, hostile paths) read and damage those files. The SQLite backends have their own crash
 # and full-disk tests (test_crash.py, test_repository.py), through the same database code.
 FILE_BACKENDS = [name for name, info in sessionlog.backends().items() if info.plain_file]
+
+# -- how long the crash and fault harnesses run ---------------------------------------------------
+# Each harness runs twice over: a short run in the default test command (every kind of kill or
+# fault, a few times), and a long one behind the `long` marker, which CI selects (`pytest -m
+# long`); SESSIONLOG_SOAK=1 makes the long run a soak.
+SOAK = os.environ.get("SESSIONLOG_SOAK") == "1"
+
+
+def budgets(short: int, long: int, soak: int | None = None) -> list[Any]:
+    """The sizes a harness test is parametrized with: `short` always, `long` (or `soak` under
+    SESSIONLOG_SOAK=1) marked `long`."""
+    big = soak if SOAK and soak is not None else long
+    return [
+        pytest.param(short, id=f"short-{short}"),
+        pytest.param(big, id=f"long-{big}", marks=pytest.mark.long),
+    ]
+
 
 needs_shared = pytest.mark.skipif(
     not FIXTURES.is_dir(), reason=f"the shared contract fixtures are absent ({FIXTURES})"

@@ -2,13 +2,13 @@
 log after every kill (`sessionlog.testing.crash`). Process class and power class alike promise
 that an acknowledged commit survives kill -9.
 
-CI runs 200 kills per backend; SESSIONLOG_SOAK=1 runs 2,000. Where a kill lands is random; no
-assertion depends on it (the number of torn tails is printed, not asserted).
+Each harness runs short in the default test command (20 kills per backend) and long behind the
+`long` marker, which CI selects (200; SESSIONLOG_SOAK=1 runs 2,000). Where a kill lands is
+random; no assertion depends on it (the number of torn tails is printed, not asserted).
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,27 +17,27 @@ import orjson
 import pytest
 
 import sessionlog
-from conftest import FILE_BACKENDS
+from conftest import FILE_BACKENDS, budgets
 from sessionlog.testing.agent_kills import run_agent_kills
 from sessionlog.testing.crash import Stream, run_kills, verify_log
 from sessionlog.testing.operations import OPERATIONS, run_operation_kills
 from sessionlog.testing.repository_kills import run_repository_kills
 
-SOAK = os.environ.get("SESSIONLOG_SOAK") == "1"
-KILLS = 2_000 if SOAK else 200
+KILLS = budgets(20, 200, 2_000)
 BACKENDS = FILE_BACKENDS
 
 
+@pytest.mark.parametrize("kills", KILLS)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_kill9_never_loses_an_acknowledged_commit(backend: str, tmp_path: Path) -> None:
-    report = run_kills(backend, KILLS, directory=tmp_path)
+def test_kill9_never_loses_an_acknowledged_commit(backend: str, kills: int, tmp_path: Path) -> None:
+    report = run_kills(backend, kills, directory=tmp_path)
     print(
         f"\n{backend} ({report.durability}): {report.kills} kills, {report.acknowledged} acknowledged, "
         f"{report.lost} lost, {report.torn_tails} torn tails, {report.reopened} reopen+append checks"
     )
     assert report.failures == []  # includes every failed reopen + append
     assert report.lost == 0
-    assert report.kills == KILLS
+    assert report.kills == kills
     assert report.acknowledged > 0 and report.reopened > 0
 
 
@@ -113,40 +113,42 @@ def test_the_check_catches_what_it_must(tmp_path: Path) -> None:
     assert power.transactions == 1 and power.torn_bytes == len(lines[1])
 
 
-OPERATION_KILLS = 500 if SOAK else 50
-
-
+@pytest.mark.parametrize("kills", budgets(20, 50, 500))
 @pytest.mark.parametrize("operation", OPERATIONS)
 def test_kill9_during_an_operator_command_loses_nothing_and_leaves_no_debris(
-    operation: str, tmp_path: Path
+    operation: str, kills: int, tmp_path: Path
 ) -> None:
-    report = run_operation_kills(operation, OPERATION_KILLS, directory=tmp_path)
+    report = run_operation_kills(operation, kills, directory=tmp_path)
     print(f"\n{operation}: {report.kills} kills, {report.killed} before it finished, {report.outcomes}")
     assert report.failures == []
-    assert report.kills == OPERATION_KILLS
+    assert report.kills == kills
     assert report.killed > 0  # some kills landed before the command finished
 
 
-def test_kill9_of_the_runtime_loop_never_runs_bash_twice_nor_out_of_order(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kills", KILLS)
+def test_kill9_of_the_runtime_loop_never_runs_bash_twice_nor_out_of_order(kills: int, tmp_path: Path) -> None:
     """The agent loop on sessionlog.Session, killed and resumed again and again."""
-    report = run_agent_kills(KILLS, directory=tmp_path)
+    report = run_agent_kills(kills, directory=tmp_path)
     print(
         f"\nruntime loop: {report.kills} kills, {report.rounds} sessions, "
         f"{report.runs_finished} runs finished "
         f"({report.aborted} aborted), {report.bash_runs} bash runs, {report.replays} safe reads replayed"
     )
     assert report.failures == []
-    assert report.kills == KILLS and report.rounds > 0 and report.bash_runs > 0
+    assert report.kills == kills and report.rounds > 0 and report.bash_runs > 0
 
 
+@pytest.mark.parametrize("kills", KILLS)
 @pytest.mark.parametrize("api", ["sync", "async"])
 @pytest.mark.parametrize("durability", ["power", "process"])
-def test_kill9_of_a_sqlite_repository_writer_loses_nothing(durability: str, api: str, tmp_path: Path) -> None:
+def test_kill9_of_a_sqlite_repository_writer_loses_nothing(
+    durability: str, api: str, kills: int, tmp_path: Path
+) -> None:
     location = f"sqlite:///{tmp_path / 'sessions.db'}?durability={durability}"
-    report = run_repository_kills(location, KILLS, use_async=api == "async")
+    report = run_repository_kills(location, kills, use_async=api == "async")
     print(
         f"\nsqlite ({durability}, {api}): {report.kills} kills, {report.acknowledged} acknowledged, "
         f"{report.lost} lost"
     )
     assert report.failures == [] and report.lost == 0
-    assert report.kills == KILLS and report.acknowledged > 0
+    assert report.kills == kills and report.acknowledged > 0
