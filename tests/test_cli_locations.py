@@ -80,6 +80,7 @@ def _every_command(location: str, session_id: str, current: Path, tmp_path: Path
         ["verify", location],  # a repository, not a session
         ["inspect", location],
         ["migrate", location],
+        ["ls", location, "--status", location],  # argparse quotes a bad choice back
     ]
 
 
