@@ -303,3 +303,11 @@ def test_a_convert_into_a_repository_that_does_not_read_back_leaves_no_session(
     assert run.code == 1 and "does not reduce to the state" in run.err
     assert sessionlog.repository(repository, create=False).list() == []
     assert cli("convert", path, repository).code == 0
+
+
+def test_a_convert_refused_by_a_new_database_leaves_no_database(cli: Any, tmp_path: Path) -> None:
+    path = mid_crash(tmp_path / "agent.jsonl")
+    other_id = "0190a1b2-0000-7000-8000-000000000000"  # not the session's own id: refused
+    run = cli("convert", path, f"{tmp_path / 'new.db'}#{other_id}", "--to", "sqlite")
+    assert run.code != 0 and len(run.err.splitlines()) == 1
+    assert sorted(item.name for item in tmp_path.iterdir()) == ["agent.jsonl"]

@@ -102,7 +102,7 @@ def cmd_convert(args: argparse.Namespace, registry: Registry) -> int:
         progress.close()
         if aside:
             remove_copy(target)
-        elif created and info.single_file:
+        elif info.single_file and (created or made_database):  # what it began, or the file it made
             _undo_session(database, state.session_id, made_database)
         raise
     torn = len(data) - end
