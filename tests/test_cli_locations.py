@@ -74,6 +74,7 @@ def _every_command(location: str, session_id: str, current: Path, tmp_path: Path
         ["abort", name, "--current", current],
         ["repair", name],
         ["convert", exported, location],  # refused: the id is there already
+        ["convert", name, tmp_path / "copy.jsonl", "--to", "jsonl", "--progress", "always"],
         ["rm", name],
         ["rm", name],  # refused: gone
         ["inspect", name],  # refused: gone
@@ -107,7 +108,7 @@ def test_no_command_prints_the_password_of_a_postgresql_location(
         run = cli(*argv)
         _quiet(run, password)
         outcomes[" ".join(str(arg) for arg in argv[:2])] = run.code
-        if run.code == 0 and argv[0] in ("inspect", "verify", "fork", "rm", "migrate"):
+        if run.code == 0 and argv[0] in ("inspect", "verify", "fork", "rm", "migrate", "convert"):
             assert masked(location) in run.out, run.out  # named as given, masked
     assert outcomes[f"verify {location}#{session_id}"] == 0  # the commands did run against it
 
