@@ -464,3 +464,23 @@ def test_a_lease_is_checked_at_the_door(lease: Any, postgres_server: PostgresSer
     """A lease SQL cannot spell (1e-05), or no lease at all, is refused before any connection."""
     with pytest.raises(ValueError, match="lease_seconds"):
         sessionlog.repository(postgres_server.url, lease_seconds=lease)
+
+
+def test_a_store_dropped_without_close_is_renewed_no_longer(postgres_server: PostgresServer) -> None:
+    """The heartbeat renews a session only while a store of it exists: one dropped without
+    `close()` lets its lease run out, and the session is then recovered as any other."""
+    import gc
+
+    url = postgres_server.new_database()
+    with sessionlog.repository(url, lease_seconds=2) as repo:
+        store = repo.create(**HEADER)
+        store.commit(F.accept_prompt("dropped"))
+        session_id = store.load().session_id
+        del store
+        gc.collect()
+        assert repo.heartbeat.held() == []
+        time.sleep(4)  # past the lease
+        assert [info.session_id for info in repo.unfinished()] == [session_id]
+        with repo.open(session_id) as again:
+            again.commit([F.user_message("picked up")])
+        assert contents(repo, session_id) == ["dropped", "picked up"]

@@ -29,6 +29,7 @@ Key = tuple[str, int]  # (session id, writer epoch)
 class Hold:
     valid_until: float  # time.monotonic() past which the lease may have run out on the server
     lost: str | None = None  # why this writer no longer holds the session
+    pending: bool = False  # its claim is not committed yet: held here, not renewed
 
 
 class Heartbeat:
@@ -49,10 +50,11 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def hold(self, key: Key, since: float) -> None:
-        """`key` was claimed by a statement sent at `since` (monotonic): renew it from now on."""
+    def hold(self, key: Key, since: float, *, pending: bool = False) -> None:
+        """`key` was claimed by a statement sent at `since` (monotonic): renew it from now on
+        (`pending`: once `confirm`ed, when the claim's transaction committed)."""
         with self._lock:
-            self._holds[key] = Hold(since + self.lease)
+            self._holds[key] = Hold(since + self.lease, pending=pending)
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="sessionlog-lease", daemon=True)
                 self._thread.start()
@@ -61,6 +63,12 @@ class Heartbeat:
         """Stop renewing `key` once `owner` (the store's backend) is gone, closed or not: a
         store dropped without `close()` lets its lease run out instead of holding forever."""
         weakref.finalize(owner, self.forget, key)
+
+    def confirm(self, key: Key) -> None:
+        with self._lock:
+            hold = self._holds.get(key)
+            if hold is not None:
+                hold.pending = False
 
     def forget(self, key: Key) -> None:
         with self._lock:
@@ -116,7 +124,7 @@ class Heartbeat:
             for key, hold in self._holds.items():
                 if hold.lost is None and now > hold.valid_until:
                     hold.lost = "its lease ran out before it could be renewed"
-                elif hold.lost is None:
+                elif hold.lost is None and not hold.pending:
                     due.append(key)
         if not due:
             return

@@ -49,7 +49,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 from ..core.errors import (
@@ -380,9 +380,26 @@ class PostgresRepository(SQLRepository):
                 }
         return kept, lost
 
-    def _held_from(self, session_id: str, epoch: int, since: float) -> int:
-        self.heartbeat.hold((session_id, epoch), since)
-        return epoch
+    @contextlib.contextmanager
+    def _holding(self, since: float) -> Iterator[Callable[[str, int], None]]:
+        """Around a claim's transaction: `hold(session_id, epoch)` marks the session held here
+        before COMMIT (so a claim of another thread of this repository, which waits on the row
+        until then, finds it held, not a hold of this writer that ended), renewed once the
+        transaction committed, forgotten if it failed."""
+        taken: list[Key] = []
+
+        def hold(session_id: str, epoch: int) -> None:
+            taken.append((session_id, epoch))
+            self.heartbeat.hold((session_id, epoch), since, pending=True)
+
+        try:
+            yield hold
+        except BaseException:
+            for key in taken:
+                self.heartbeat.forget(key)
+            raise
+        for key in taken:  # committed: renewed from now on
+            self.heartbeat.confirm(key)
 
     def forget_hold(self, session_id: str, epoch: int) -> None:
         self.heartbeat.forget((session_id, epoch))
@@ -532,7 +549,7 @@ class PostgresRepository(SQLRepository):
         with self.failing_as("open", session_id):
             session_id = self._id(session_id)
             since = time.monotonic()  # the lease is counted from before the statement was sent
-            with self.transaction(connection) as open_connection:
+            with self._holding(since) as hold, self.transaction(connection) as open_connection:
                 take = (
                     "update sessionlog.sessions set writer = %s, writer_epoch = writer_epoch + 1, "
                     f"lease_expires_at = now() + {self.lease} where session_id = %s "
@@ -548,7 +565,7 @@ class PostgresRepository(SQLRepository):
                     ).fetchone()
                     if holder is None:
                         raise self._missing(session_id)
-                    if gone(holder[0]):  # a writer of this host whose process ended: no need to wait
+                    if not self.holds(holder[0], session_id):  # a writer that ended: no need to wait
                         row = open_connection.execute(
                             take + "and writer = %s returning writer_epoch", (self.me, session_id, holder[0])
                         ).fetchone()
@@ -557,10 +574,12 @@ class PostgresRepository(SQLRepository):
                         raise SessionLockedError(
                             f"session {session_id} in {self.path} is held by {holder[0]} ({lease})"
                         )
-            return self._held_from(session_id, int(row[0]), since)
+                hold(session_id, int(row[0]))
+            return int(row[0])
 
     def holds(self, holder: Any, session_id: str) -> bool:
-        """A writer whose lease runs, unless it was a process of this host that ended."""
+        """A writer whose lease runs, unless it was a process of this host that ended. (A store
+        dropped without `close()` holds its session until its lease runs out: nothing renews it.)"""
         return holder is not None and not gone(holder)
 
     def claim_unfinished(self) -> SessionStore | None:
@@ -570,7 +589,7 @@ class PostgresRepository(SQLRepository):
         are locked `FOR UPDATE SKIP LOCKED` while one is chosen and taken."""
         with self.failing_as("claim_unfinished"):
             since = time.monotonic()
-            with self.transaction() as connection:
+            with self._holding(since) as hold, self.transaction() as connection:
                 candidates = connection.execute(
                     "select session_id, writer, writer is null or lease_expires_at <= now() "
                     "from sessionlog.sessions where not idle and (writer is null or "
@@ -578,7 +597,9 @@ class PostgresRepository(SQLRepository):
                     "order by updated_at limit 64 for update skip locked",
                     (socket.gethostname(),),
                 ).fetchall()
-                chosen = next((row[0] for row in candidates if row[2] or gone(row[1])), None)
+                chosen = next(
+                    (row[0] for row in candidates if row[2] or not self.holds(row[1], row[0])), None
+                )
                 if chosen is None:
                     return None
                 epoch = connection.execute(
@@ -586,7 +607,8 @@ class PostgresRepository(SQLRepository):
                     f"lease_expires_at = now() + {self.lease} where session_id = %s returning writer_epoch",
                     (self.me, chosen),
                 ).fetchone()[0]
-            backend = PostgresSession(self, chosen, self._held_from(chosen, int(epoch), since))
+                hold(chosen, int(epoch))
+            backend = PostgresSession(self, chosen, int(epoch))
             return SessionStore.open_backend(backend, self.store_path(chosen), self.info)
 
 
