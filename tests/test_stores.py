@@ -456,11 +456,24 @@ def _python_blocks(text: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
 
 
-def test_the_readme_python_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    blocks = _python_blocks(DOCS.read_text())
-    assert len(blocks) >= 2
-    for block in blocks:
-        if "class TestMine" in block:  # a test module to copy, not a script
-            continue
-        exec(compile(block, str(DOCS), "exec"), {"__name__": "docs_example"})
+PAGES = [page for page in sorted((DOCS.parent / "docs").glob("*.md")) if "```python" in page.read_text()]
+
+
+@pytest.mark.parametrize("page", [DOCS, *PAGES], ids=lambda page: page.name)
+def test_the_documented_python_examples_run_in_any_directory(
+    page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every ```python block of the README and of each docs/ page runs, from a directory of its
+    own, and writes nothing outside it (no `sqlite:///` example lands at the filesystem root)."""
+    blocks = [block for block in _python_blocks(page.read_text()) if "class TestMine" not in block]
+    root_before = set(os.listdir("/"))
+    for number, block in enumerate(blocks):
+        here = tmp_path / f"block-{number}"
+        here.mkdir()
+        monkeypatch.chdir(here)
+        exec(compile(block, str(page), "exec"), {"__name__": "docs_example"})
+    assert set(os.listdir("/")) == root_before
+    if page == DOCS:
+        assert len(blocks) >= 2
+    for database in tmp_path.glob("block-*/*.db"):
+        assert database.stat().st_mode & 0o077 == 0, f"{database} is readable by others"
