@@ -111,6 +111,29 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Any:
 # -- PostgreSQL: one throwaway server for the whole run ------------------------------------------
 
 
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Any:
+    """`tiny_disk(size)`: a folder under `tmp_path` with a tmpfs of `size` mounted on it, to fill
+    for real ENOSPC; the test is skipped with the reason where none can be mounted (not root).
+    Unmounted when the test ends."""
+    from sessionlog.testing.faults import mount_tiny_tmpfs, unmount
+
+    mounted: list[Path] = []
+
+    def mount(size: str = "256k", name: str = "tiny") -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        why = mount_tiny_tmpfs(folder, size)
+        if why is not None:
+            pytest.skip(f"no small filesystem to fill here: {why}")
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in mounted:
+        unmount(folder)
+
+
 @pytest.fixture(scope="session")
 def postgres_server() -> Any:
     """A throwaway PostgreSQL cluster (`sessionlog.testing.postgres`). Skipped with the reason when

@@ -413,14 +413,8 @@ def test_a_directory_removed_under_the_repository_is_a_typed_error(tmp_path: Pat
     repo.close()
 
 
-def test_a_full_disk_is_a_typed_error_for_label_and_no_error_for_list(tmp_path: Path) -> None:
-    from sessionlog.testing.faults import mount_tiny_tmpfs, unmount
-
-    folder = tmp_path / "tiny"
-    folder.mkdir()
-    why = mount_tiny_tmpfs(folder, "256k")
-    if why is not None:
-        pytest.skip(f"no small filesystem to fill: {why}")
+def test_a_full_disk_is_a_typed_error_for_label_and_no_error_for_list(tiny_disk: Any) -> None:
+    folder = tiny_disk("256k")
     big = _big_session()
     repo = None
     try:
@@ -446,7 +440,6 @@ def test_a_full_disk_is_a_typed_error_for_label_and_no_error_for_list(tmp_path: 
     finally:
         if repo is not None:
             repo.close()
-        unmount(folder)
 
 
 def _fill(path: Path) -> None:

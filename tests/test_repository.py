@@ -239,29 +239,20 @@ def test_sqlite_in_a_missing_directory_is_a_typed_error(tmp_path: Path) -> None:
         sessionlog.repository(f"sqlite:///{tmp_path / 'missing' / 'sessions.db'}")
 
 
-def test_sqlite_on_a_full_disk_poisons_the_store_and_keeps_what_was_acknowledged(tmp_path: Path) -> None:
-    from sessionlog.testing.faults import mount_tiny_tmpfs, unmount
-
-    folder = tmp_path / "tiny"
-    folder.mkdir()
-    why = mount_tiny_tmpfs(folder, "256k")
-    if why is not None:
-        pytest.skip(f"no small filesystem to fill: {why}")
-    try:
-        repo = sessionlog.repository(f"sqlite:///{folder / 'sessions.db'}")
-        store = repo.create(**HEADER)
-        acknowledged = 0
-        with pytest.raises(sessionlog.StorePoisonedError):
-            for index in range(100_000):
-                store.commit([F.user_message(f"{index} " + "x" * 2000)])
-                acknowledged += 1
-        assert acknowledged > 0 and store.poisoned
-        session_id = repo.list()[0].session_id
-        store.close()
-        assert len(repo.load(session_id).transcript) >= acknowledged
-        repo.close()
-    finally:
-        unmount(folder)
+def test_sqlite_on_a_full_disk_poisons_the_store_and_keeps_what_was_acknowledged(tiny_disk: Any) -> None:
+    folder = tiny_disk("256k")
+    repo = sessionlog.repository(f"sqlite:///{folder / 'sessions.db'}")
+    store = repo.create(**HEADER)
+    acknowledged = 0
+    with pytest.raises(sessionlog.StorePoisonedError):
+        for index in range(100_000):
+            store.commit([F.user_message(f"{index} " + "x" * 2000)])
+            acknowledged += 1
+    assert acknowledged > 0 and store.poisoned
+    session_id = repo.list()[0].session_id
+    store.close()
+    assert len(repo.load(session_id).transcript) >= acknowledged
+    repo.close()
 
 
 @pytest.mark.parametrize("kind", KINDS)
