@@ -527,6 +527,29 @@ def test_a_fork_that_drops_its_copy_of_a_store_leaves_the_parents_hold(tmp_path:
         store.close()
 
 
+def test_a_forks_child_holds_none_of_its_parents_sessions(tmp_path: Path) -> None:
+    """In the child the parent's hold is lost (nothing renews it there, a commit of it is refused)
+    and the session is the parent's, held; in the parent it goes on."""
+    database = tmp_path / "sessions.db"
+    with sessionlog.repository(_location(database)) as repo:
+        store = repo.create(**HEADER)
+        session_id = store.load().session_id
+        (key,) = repo.heartbeat.held()
+
+        def in_the_child() -> None:
+            assert repo.heartbeat.held() == []
+            with pytest.raises(sessionlog.SessionChangedError, match="forked"):
+                repo.heartbeat.check(key)
+            with pytest.raises(sessionlog.SessionLockedError):
+                repo.open(session_id)
+
+        assert _in_a_fork(in_the_child) == 0
+        assert repo.heartbeat.held() == [key]
+        store.commit([F.user_message("the parent's")])
+        assert [m["content"] for m in repo.load(session_id).transcript] == ["the parent's"]
+        store.close()
+
+
 def test_a_fork_uses_a_repository_through_a_connection_of_its_own(tmp_path: Path) -> None:
     with sessionlog.repository(_location(tmp_path / "sessions.db")) as repo:
         with repo.create(**HEADER) as store:
@@ -636,10 +659,49 @@ def test_the_heartbeat_renews_the_leases_this_process_holds_and_no_other(tmp_pat
             connection.execute("update sessions set lease_expires_at = 0 where session_id = ?", (my_id,))
             connection.commit()
         assert lease_of(my_id) < 0
-        sqlite_holds.renew()  # one beat of the heartbeat thread
+        repo.heartbeat.renew_now()  # one beat of the heartbeat thread
         assert lease_of(my_id) > sqlite_holds.LEASE_MS / 2 and lease_of(other_id) < 0
         mine.commit([F.user_message("still mine")])  # not fenced
         mine.close()
+
+
+@pytest.mark.parametrize("how", ["taken over", "lease ran out"])
+def test_a_sqlite_writer_whose_hold_was_lost_knows_before_its_commit(
+    tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another connection keeps the database's write lock, so a commit sent would wait on it. A
+    writer whose session was taken over (seen by a renewal), or whose lease ran out while every
+    renewal was blocked, refuses its next commit (typed, poisoned, nothing written) at once."""
+    import time
+
+    database = tmp_path / "sessions.db"
+    with (
+        sessionlog.repository(_location(database)) as repo,
+        sessionlog.repository(_location(database)) as other,
+    ):
+        if how == "lease ran out":
+            monkeypatch.setattr(repo.heartbeat, "lease", 1.0)  # on this host's clock; the row's is longer
+        store = repo.create(**HEADER)
+        store.commit(F.accept_prompt("mine"))
+        session_id = store.load().session_id
+        if how == "taken over":
+            other.open(session_id, take_over=True).close()
+            repo.heartbeat.renew_now()  # one round of the heartbeat: the row is another writer's
+        nemesis = sqlite3.connect(database, isolation_level=None)
+        try:
+            nemesis.execute("begin immediate")  # every renewal and every commit sent waits on it
+            if how == "lease ran out":
+                time.sleep(2.5)  # past the lease: no renewal got through
+            # a commit sent would wait 5 s on the lock, then fail as one that may have landed
+            with pytest.raises(sessionlog.StorePoisonedError) as refused:
+                store.commit([F.user_message("after the hold was lost")])
+        finally:
+            nemesis.rollback()
+            nemesis.close()
+        assert isinstance(refused.value.__cause__, sessionlog.SessionChangedError), refused.value
+        assert ("lease" if how == "lease ran out" else "took the session over") in str(refused.value)
+        assert [m["content"] for m in repo.load(session_id).transcript] == ["mine"]
+        store.close()
 
 
 # -- the sqlite backend written without a read first (as `convert --to sqlite` does) -------------

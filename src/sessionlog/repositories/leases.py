@@ -1,4 +1,4 @@
-"""The heartbeat of a repository whose holds are leases (PostgreSQL): while a writer holds a
+"""The heartbeat of a repository whose holds are leases (PostgreSQL, SQLite): while a writer holds a
 session, one thread of its repository renews the lease every third of it, so an agent waiting
 minutes on one model call is never listed as needing recovery nor claimed by a recovery worker.
 
@@ -10,10 +10,14 @@ monotonic clock from the moment the renewing statement was *sent*, so it is neve
 the server's. A lost hold stays lost: the commit is refused with SessionChangedError before
 anything is sent, and the store is poisoned. Fencing on `writer_epoch` stays the backstop for
 whatever the heartbeat cannot see (a writer stopped between its check and its statement).
+
+A fork's child holds none of its parent's sessions: in it every hold it inherited is lost (its
+commits are refused) and nothing is renewed until it takes holds of its own.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -49,6 +53,7 @@ class Heartbeat:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        _EVERY.add(self)
 
     def hold(self, key: Key, since: float, *, pending: bool = False) -> None:
         """`key` was claimed by a statement sent at `since` (monotonic): renew it from now on
@@ -151,7 +156,25 @@ class Heartbeat:
             with self._lock:
                 if self._closed:
                     return
-                if not self._holds:  # nothing to renew: end; the next hold starts another thread
-                    self._thread = None
+                if all(hold.lost for hold in self._holds.values()):  # nothing to renew: end; the
+                    self._thread = None  # next hold starts another thread
                     return
             self.renew_now()
+
+    def _in_a_fork(self) -> None:
+        """In a fork's child: the holds are the parent's (lost here, never renewed), no thread
+        runs, and a lock or event another thread held at the fork is not inherited held."""
+        self._lock, self._wake, self._thread = threading.Lock(), threading.Event(), None
+        for hold in self._holds.values():
+            hold.lost = hold.lost or "it is held by the process this one was forked from"
+
+
+_EVERY: weakref.WeakSet[Heartbeat] = weakref.WeakSet()  # every heartbeat of this process
+
+
+def _in_a_fork() -> None:
+    for heartbeat in list(_EVERY):  # the child has one thread: nothing changes the set meanwhile
+        heartbeat._in_a_fork()
+
+
+os.register_at_fork(after_in_child=_in_a_fork)

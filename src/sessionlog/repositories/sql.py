@@ -122,13 +122,19 @@ class SQLRepository(RepositoryBase):
     def forget_hold(self, session_id: str, epoch: int) -> None:
         """This process no longer holds the session."""
 
+    def check_hold(self, rows: SessionRows) -> None:
+        """SessionChangedError, before anything is written, when the writer of `rows` is known
+        to hold the session no longer (a repository whose holds are leases: `leases`)."""
+
     def write_batch(self, connection: Any, batch: Sequence[tuple[SessionRows, Sequence[bytes]]]) -> list[Any]:
         """Write the lines of several sessions inside the caller's transaction; for each, what
-        it wrote (to `advance` to once committed) or the SessionChangedError that fenced it
-        (having written nothing: its summary row's update comes first)."""
+        it wrote (to `advance` to once committed) or the SessionChangedError that refused or
+        fenced it (having written nothing: its hold is checked, its summary row's update comes
+        first)."""
         outcomes: list[Any] = []
         for rows, lines in batch:
             try:
+                self.check_hold(rows)
                 outcomes.append(rows.write(connection, lines))
             except SessionChangedError as error:
                 outcomes.append(error)

@@ -15,16 +15,20 @@ database with tables sessionlog did not make is refused, unchanged.
 One writer per session: opening for writing takes the session's row (`writer` names the holder,
 `host:pid`, `writer_epoch` is bumped, `lease_expires_at` set) unless a live writer holds it
 (SessionLockedError naming it). A holder is live while its lease runs (30 s, renewed by every
-commit and by a heartbeat while held: `sqlite_holds`); a process of this host that ended is
-known gone at once. So a holder recorded under another host name (another container, this one
-before a restart) holds the session until its lease runs out; `open(session_id,
-take_over=True)` takes it at once (also a hold an older sessionlog wrote, without a lease), and
-that writer, if it lives, is fenced at its next commit. A store dropped without `close()` gives its hold back
-when it is garbage-collected (or at exit). Every commit is `BEGIN IMMEDIATE`, an update of the
-summary row `WHERE session_id = ? AND writer_epoch = ? AND head_line = ?` (no row: the writer
-was fenced, nothing is written) and the insert of the line, then `COMMIT`. A busy database is
-retried with jitter for a short while, then reported as SessionLockedError; a raw sqlite3 error
-never escapes (SessionPathError for the file's failures, else RepositoryError).
+commit and by the repository's heartbeat while held: `sqlite_holds`, `leases`); a process of
+this host that ended is known gone at once. So a holder recorded under another host name
+(another container, this one before a restart) holds the session until its lease runs out;
+`open(session_id, take_over=True)` takes it at once (also a hold an older sessionlog wrote,
+without a lease), and that writer, if it lives, is fenced at its next commit. A writer knows
+before each commit whether its hold was lost (taken over, as a renewal found, or its lease ran
+out unrenewed): that commit is refused before anything is written (SessionChangedError, the
+store poisoned). A store dropped without `close()` gives its hold back when it is
+garbage-collected (or at exit); closing the repository releases the sessions its stores still
+hold (their commits are refused from then on). Every commit is `BEGIN IMMEDIATE`, an update of
+the summary row `WHERE session_id = ? AND writer_epoch = ? AND head_line = ?` (no row: the
+writer was fenced, nothing is written) and the insert of the line, then `COMMIT`. A busy
+database is retried with jitter for a short while, then reported as SessionLockedError; a raw
+sqlite3 error never escapes (SessionPathError for the file's failures, else RepositoryError).
 
 One repository object may be shared by threads: its own connection is used under a lock (one
 transaction at a time); each store has a connection of its own. A `-wal` file removed or
@@ -60,6 +64,7 @@ from ..core.errors import (
 )
 from ..core.store import SessionStore
 from . import sqlite_holds
+from .leases import Heartbeat, Key
 from .rows import SessionRows
 from .schema import migrate, version_of
 from .sql import SQLRepository, gone, statements
@@ -117,13 +122,13 @@ def _add_column(connection: sqlite3.Connection, column: str) -> None:
         connection.execute(f"alter table sessions add column {column}")
 
 
-def _held(holder: str | None, key: tuple[str, str]) -> bool:
+def _held(holder: str | None, database: str, session_id: str) -> bool:
     """Whether the writer named `holder` (host:pid; None: none, or its lease ran out) may still
-    hold the session `key`."""
+    hold the session."""
     if holder is None:
         return False
     if holder == sqlite_holds.me():
-        return key in sqlite_holds.HELD
+        return sqlite_holds.held_here(database, session_id)
     return not gone(holder)
 
 
@@ -190,6 +195,9 @@ class SQLiteRepository(SQLRepository):
         where = str(self.path.absolute())
         where = "/" + where.lstrip("/")  # `//x` would name a URI's host
         self._uri = f"file:{urllib.parse.quote(where)}?mode={'rwc' if create else 'rw'}"
+        self._renew_uri = f"file:{urllib.parse.quote(where)}?mode=rw"  # never creates a removed database
+        self.heartbeat = Heartbeat(self._renew, sqlite_holds.LEASE_MS / 1000, str(self.path))
+        sqlite_holds.register(self.key, self.heartbeat)
         self._wal_path = f"{self.path}-wal"
         self._wal: tuple[int, int] | None = None
         try:
@@ -252,7 +260,13 @@ class SQLiteRepository(SQLRepository):
         return SessionPathError(number, f"{self.path}: not a usable SQLite database: {error}", str(self.path))
 
     def close(self) -> None:
+        """Stop renewing leases and release the sessions still held (their stores are refused
+        from now on), at best effort; close the connection."""
         self._closed = True
+        held = self.heartbeat.close()
+        if held:
+            with contextlib.suppress(SessionLogError, sqlite3.Error), self.transaction() as connection:
+                connection.executemany(self.row_sql["release"], held)
         self.connection.close()
 
     @property
@@ -336,6 +350,20 @@ class SQLiteRepository(SQLRepository):
             self._wal_path,
         )
 
+    def _renew(self, keys: list[Key]) -> tuple[set[Key], set[Key]]:
+        """The heartbeat's round: renew the leases of `keys` still this writer's (`RENEW`, fenced
+        on the epoch and the writer), in one transaction on a connection of its own; which were
+        renewed, which are lost (another writer's now). A database busy past a few seconds or
+        failing raises: those holds lapse unless a later round gets through."""
+        with contextlib.closing(
+            sqlite3.connect(self._renew_uri, uri=True, isolation_level=None, timeout=_BUSY_SECONDS)
+        ) as connection:
+            connection.execute("begin immediate")
+            writer = sqlite_holds.me()
+            kept = {key for key in keys if connection.execute(sqlite_holds.RENEW, (*key, writer)).rowcount}
+            connection.execute("commit")
+        return kept, set(keys) - kept
+
     def _check_busy(self, error: sqlite3.OperationalError) -> None:
         if error.sqlite_errorcode & 0xFF not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
             raise os_error(error, self.path) from error
@@ -395,25 +423,34 @@ class SQLiteRepository(SQLRepository):
                         "gone (another host, a restarted container), open(session_id, take_over=True) "
                         "takes the session and fences it"
                     )
+                since = time.monotonic()  # the lease is counted from before the statement was sent
                 open_connection.execute(
                     "update sessions set writer = ?, writer_epoch = ?, "
                     f"lease_expires_at = {sqlite_holds.LEASE_END} where session_id = ?",
                     (sqlite_holds.me(), epoch, session_id),
                 )
                 # Known held here before COMMIT: a claim of another thread of this process waits on
-                # BEGIN IMMEDIATE until then, and must find it held, not a dead hold of this pid.
-                sqlite_holds.hold((self.key, session_id), epoch)
+                # BEGIN IMMEDIATE until then, and must find it held, not a dead hold of this pid;
+                # renewed once committed.
+                self.heartbeat.hold((session_id, epoch), since, pending=True)
         except BaseException:
             self.forget_hold(session_id, epoch)
             raise
+        self.heartbeat.confirm((session_id, epoch))
         return epoch
 
     def forget_hold(self, session_id: str, epoch: int) -> None:
         """This process no longer holds the session (its row may still name it: `_held`)."""
-        sqlite_holds.forget((self.key, session_id), epoch)
+        self.heartbeat.forget((session_id, epoch))
+
+    def check_hold(self, rows: SessionRows) -> None:
+        """SessionChangedError, before anything is written, unless this writer still holds the
+        session with a running lease (`leases`)."""
+        if rows.epoch:
+            self.heartbeat.check((rows.session_id, rows.epoch))
 
     def holds(self, holder: Any, session_id: str) -> bool:
-        return _held(holder, (self.key, session_id))
+        return _held(holder, self.key, session_id)
 
 
 _ERRNO = {
@@ -442,13 +479,13 @@ def _inode(path: str) -> tuple[int, int] | None:
 
 
 def _drop(
-    connection: sqlite3.Connection, release: str, key: str, session_id: str, epoch: int, pid: int
+    connection: sqlite3.Connection, release: str, heartbeat: Heartbeat, session_id: str, epoch: int, pid: int
 ) -> None:
     """Give up the hold of a store that was dropped without close(), at best effort; in a fork's
     child, nothing (the hold and the connection are the parent's)."""
     if os.getpid() != pid:
         return
-    sqlite_holds.forget((key, session_id), epoch)
+    heartbeat.forget((session_id, epoch))
     with contextlib.suppress(sqlite3.Error):
         if epoch:
             connection.execute("begin immediate")
@@ -479,7 +516,7 @@ class SQLiteSession(SessionRows):
             _drop,
             connection,
             repository.row_sql["release"],
-            repository.key,
+            repository.heartbeat,
             session_id,
             epoch,
             os.getpid(),
@@ -498,7 +535,10 @@ class SQLiteSession(SessionRows):
 
     def append(self, line: bytes) -> None:
         connection = self.connection  # the hot path: `transaction()` without its generator
-        self.repository.begin(connection)
+        repository = self.repository
+        repository.check_hold(self)  # a lost hold is refused before anything is written
+        repository.begin(connection)
+        since = time.monotonic()
         try:
             written = self.write(connection, (line,))
             connection.execute("commit")
@@ -506,9 +546,10 @@ class SQLiteSession(SessionRows):
             with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled it back already
                 connection.execute("rollback")
             if isinstance(error, sqlite3.Error):
-                raise os_error(error, self.repository.path) from error
+                raise os_error(error, repository.path) from error
             raise
         self.advance(written)
+        repository.heartbeat.renewed((self.session_id, self.epoch), since)  # its update renewed the lease
 
     def close(self) -> None:
         self._dropped.detach()
