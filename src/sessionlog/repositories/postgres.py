@@ -401,15 +401,6 @@ class PostgresRepository(SQLRepository):
         for key in taken:  # committed: renewed from now on
             self.heartbeat.confirm(key)
 
-    def forget_hold(self, session_id: str, epoch: int) -> None:
-        self.heartbeat.forget((session_id, epoch))
-
-    def check_hold(self, rows: SessionRows) -> None:
-        """SessionChangedError, before anything is sent, unless this writer still holds the
-        session with a running lease (`leases`)."""
-        if rows.epoch:
-            self.heartbeat.check((rows.session_id, rows.epoch))
-
     # -- connections and transactions ------------------------------------------------------------
 
     @contextlib.contextmanager

@@ -38,6 +38,7 @@ from ..core.store import BackendInfo, SessionStore
 from ..opening import _header
 from .base import RepositoryBase, checked_labels, fork_bytes
 from .info import Candidate, Filters, SessionInfo, page
+from .leases import Heartbeat
 from .locations import masked
 from .rows import ROW_SQL, SessionRows, summary_row
 
@@ -119,12 +120,18 @@ class SQLRepository(RepositoryBase):
         """Whether `holder` (the `held` expression of the session's row) is a live writer."""
         return holder is not None
 
+    # Holds are leases, renewed by the repository's heartbeat (`leases.Heartbeat`) while held.
+    heartbeat: Heartbeat
+
     def forget_hold(self, session_id: str, epoch: int) -> None:
-        """This process no longer holds the session."""
+        """This process no longer holds the session (its row may still name it)."""
+        self.heartbeat.forget((session_id, epoch))
 
     def check_hold(self, rows: SessionRows) -> None:
-        """SessionChangedError, before anything is written, when the writer of `rows` is known
-        to hold the session no longer (a repository whose holds are leases: `leases`)."""
+        """SessionChangedError, before anything is written, unless the writer of `rows` still
+        holds the session with a running lease (`leases`)."""
+        if rows.epoch:
+            self.heartbeat.check((rows.session_id, rows.epoch))
 
     def write_batch(self, connection: Any, batch: Sequence[tuple[SessionRows, Sequence[bytes]]]) -> list[Any]:
         """Write the lines of several sessions inside the caller's transaction; for each, what

@@ -439,16 +439,6 @@ class SQLiteRepository(SQLRepository):
         self.heartbeat.confirm((session_id, epoch))
         return epoch
 
-    def forget_hold(self, session_id: str, epoch: int) -> None:
-        """This process no longer holds the session (its row may still name it: `_held`)."""
-        self.heartbeat.forget((session_id, epoch))
-
-    def check_hold(self, rows: SessionRows) -> None:
-        """SessionChangedError, before anything is written, unless this writer still holds the
-        session with a running lease (`leases`)."""
-        if rows.epoch:
-            self.heartbeat.check((rows.session_id, rows.epoch))
-
     def holds(self, holder: Any, session_id: str) -> bool:
         return _held(holder, self.key, session_id)
 
