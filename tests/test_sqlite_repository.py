@@ -420,57 +420,39 @@ def test_every_operation_of_a_closed_repository_is_refused_typed(tmp_path: Path)
         assert again.export(session_id) == data  # nothing changed
 
 
-def test_a_database_on_a_read_only_filesystem_is_a_typed_error(tmp_path: Path) -> None:
+def test_a_database_on_a_read_only_filesystem_is_a_typed_error(tiny_disk: Any) -> None:
     import subprocess
 
-    from sessionlog.testing.faults import mount_tiny_tmpfs, unmount
-
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    why = mount_tiny_tmpfs(folder, "1m")
-    if why is not None:
-        pytest.skip(f"no filesystem to make read-only here: {why}")
-    try:
-        with sessionlog.repository(_location(folder / "sessions.db")) as repo, repo.create(**HEADER) as store:
-            store.commit([F.user_message("one")])
-        if subprocess.run(["mount", "-o", "remount,ro", str(folder)], capture_output=True).returncode:
-            pytest.skip("the filesystem cannot be remounted read-only here")
-        for create in (True, False):
-            with pytest.raises(sessionlog.SessionPathError, match=r"sessions\.db") as caught:
-                sessionlog.repository(_location(folder / "sessions.db"), create=create)
-            assert isinstance(caught.value.__cause__, sqlite3.Error)
-    finally:
-        unmount(folder)
+    folder = tiny_disk("1m", name="ro")
+    with sessionlog.repository(_location(folder / "sessions.db")) as repo, repo.create(**HEADER) as store:
+        store.commit([F.user_message("one")])
+    if subprocess.run(["mount", "-o", "remount,ro", str(folder)], capture_output=True).returncode:
+        pytest.skip("the filesystem cannot be remounted read-only here")
+    for create in (True, False):
+        with pytest.raises(sessionlog.SessionPathError, match=r"sessions\.db") as caught:
+            sessionlog.repository(_location(folder / "sessions.db"), create=create)
+        assert isinstance(caught.value.__cause__, sqlite3.Error)
 
 
-def test_a_full_disk_is_a_typed_error_for_every_write_of_the_repository(tmp_path: Path) -> None:
-    from sessionlog.testing.faults import mount_tiny_tmpfs, unmount
-
-    folder = tmp_path / "tiny"
-    folder.mkdir()
-    why = mount_tiny_tmpfs(folder, "256k")
-    if why is not None:
-        pytest.skip(f"no small filesystem to fill: {why}")
-    try:
-        with sessionlog.repository(_location(folder / "sessions.db")) as repo:
-            with repo.create(**HEADER) as store:
-                session_id = store.load().session_id
-            filler = folder / "filler"
-            with contextlib.suppress(OSError), filler.open("wb") as out:
-                while True:
-                    out.write(b"x" * 4096)
-                    out.flush()
-            big = ["x" * 190 + str(number) for number in range(400)]  # labels too big for what is left
-            for name, call in {
-                "label": lambda: repo.label(session_id, big),
-                "create": lambda: [repo.create(**HEADER, labels=big) for _ in range(50)],
-            }.items():
-                with pytest.raises(sessionlog.SessionLogError) as caught:
-                    call()
-                assert isinstance(caught.value, OSError) and caught.value.errno == 28, (name, caught.value)
-            assert [info.session_id for info in repo.list()][-1] == session_id
-    finally:
-        unmount(folder)
+def test_a_full_disk_is_a_typed_error_for_every_write_of_the_repository(tiny_disk: Any) -> None:
+    folder = tiny_disk("256k", name="tiny")
+    with sessionlog.repository(_location(folder / "sessions.db")) as repo:
+        with repo.create(**HEADER) as store:
+            session_id = store.load().session_id
+        filler = folder / "filler"
+        with contextlib.suppress(OSError), filler.open("wb") as out:
+            while True:
+                out.write(b"x" * 4096)
+                out.flush()
+        big = ["x" * 190 + str(number) for number in range(400)]  # labels too big for what is left
+        for name, call in {
+            "label": lambda: repo.label(session_id, big),
+            "create": lambda: [repo.create(**HEADER, labels=big) for _ in range(50)],
+        }.items():
+            with pytest.raises(sessionlog.SessionLogError) as caught:
+                call()
+            assert isinstance(caught.value, OSError) and caught.value.errno == 28, (name, caught.value)
+        assert [info.session_id for info in repo.list()][-1] == session_id
 
 
 def test_a_row_torn_inside_by_another_program_is_a_typed_error_at_open(tmp_path: Path) -> None:
@@ -751,32 +733,23 @@ def test_sqlite_reads_with_the_rule_its_writers_use(tmp_path: Path, durability: 
         assert repo.info.nul_rule()["nul_tail"] == (durability == "power")
 
 
-def test_a_database_that_cannot_be_made_on_a_full_disk_leaves_no_file(tmp_path: Path) -> None:
+def test_a_database_that_cannot_be_made_on_a_full_disk_leaves_no_file(tiny_disk: Any) -> None:
     import subprocess
     import sys
 
-    from sessionlog.testing.faults import mount_tiny_tmpfs, unmount
-
-    folder = tmp_path / "tiny"
-    folder.mkdir()
-    why = mount_tiny_tmpfs(folder, "256k")
-    if why is not None:
-        pytest.skip(f"no small filesystem to fill: {why}")
-    try:
-        with contextlib.suppress(OSError), (folder / "filler").open("wb") as out:
-            while True:
-                out.write(b"x" * 4096)
-                out.flush()
-        script = (  # in a child: SQLite meeting a full disk must not take pytest down with it
-            "import sys, sessionlog\n"
-            "try:\n"
-            "    sessionlog.repository('sqlite:///' + sys.argv[1])\n"
-            "except sessionlog.SessionPathError as error:\n"
-            "    print(error.errno)\n"
-        )
-        command = [sys.executable, "-c", script, str(folder / "new.db")]
-        child = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        assert child.stdout.strip() == "28", child.stderr
-        assert sorted(item.name for item in folder.iterdir()) == ["filler"]
-    finally:
-        unmount(folder)
+    folder = tiny_disk("256k", name="tiny")
+    with contextlib.suppress(OSError), (folder / "filler").open("wb") as out:
+        while True:
+            out.write(b"x" * 4096)
+            out.flush()
+    script = (  # in a child: SQLite meeting a full disk must not take pytest down with it
+        "import sys, sessionlog\n"
+        "try:\n"
+        "    sessionlog.repository('sqlite:///' + sys.argv[1])\n"
+        "except sessionlog.SessionPathError as error:\n"
+        "    print(error.errno)\n"
+    )
+    command = [sys.executable, "-c", script, str(folder / "new.db")]
+    child = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert child.stdout.strip() == "28", child.stderr
+    assert sorted(item.name for item in folder.iterdir()) == ["filler"]
