@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import sessionlog
 from conftest import FIXTURES, budgets
 from sessionlog.core import facts as F
 from sessionlog.testing import AsyncStoreContract, StoreContract
-from sessionlog.testing.postgres import PathSessions, PostgresRows, PostgresServer
+from sessionlog.testing.postgres import PathSessions, PostgresRows, PostgresServer, recovery_workers
 from sessionlog.testing.repository_suite import AsyncRepositoryContract, RepositoryContract
 
 HEADER: dict[str, Any] = {"provider": "openrouter", "model": "test/model", "cwd": "/w"}
@@ -226,21 +225,7 @@ def test_two_recovery_workers_never_claim_the_same_session(postgres_server: Post
         for index in range(12):
             with repo.create(**HEADER) as store:
                 store.commit(F.accept_prompt(f"crashed {index}"))
-        claimed: list[str] = []
-        lock = threading.Lock()
-
-        def worker() -> None:
-            with sessionlog.repository(url) as mine:
-                while (store := mine.claim_unfinished()) is not None:
-                    with lock:
-                        claimed.append(store.load().session_id)
-                    time.sleep(0.01)  # recovering, while holding it
-
-        threads = [threading.Thread(target=worker) for _ in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        claimed = recovery_workers(url, 4)
         assert len(claimed) == 12 and len(set(claimed)) == 12
 
 

@@ -20,7 +20,7 @@ import pytest
 
 import sessionlog
 from sessionlog.core import facts as F
-from sessionlog.testing.postgres import PostgresServer
+from sessionlog.testing.postgres import PostgresServer, recovery_workers
 
 HEADER: dict[str, Any] = {"provider": "openrouter", "model": "test/model", "cwd": "/w"}
 
@@ -194,22 +194,7 @@ def test_two_workers_never_claim_the_same_dead_writers_session(postgres_server: 
         "update sessionlog.sessions set writer = %s, lease_expires_at = now() + interval '10 minutes'",
         f"{socket.gethostname()}:{int(dead.stdout)}:dead",
     )
-    claimed: list[str] = []
-    lock = threading.Lock()
-
-    def worker() -> None:
-        with sessionlog.repository(url) as mine:
-            while (store := mine.claim_unfinished()) is not None:
-                with lock:
-                    claimed.append(store.load().session_id)
-                time.sleep(0.01)
-
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert sorted(claimed) == sorted(ids)
+    assert sorted(recovery_workers(url, 4)) == sorted(ids)
 
 
 # -- a dropped connection stops one batch, not the repository ---------------------------------------

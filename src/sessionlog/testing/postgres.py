@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -344,6 +345,30 @@ class PostgresRows:
 
         key = os.path.realpath(path)  # one database for every test: a new id, not the header's
         self.paths.ids[key] = replace_rows(self.paths.repository(), self.paths.ids.get(key) or new_id(), data)
+
+
+def recovery_workers(location: str, workers: int = 4) -> list[str]:
+    """Run `workers` recovery workers at once, each with a repository of its own, each claiming
+    sessions (`claim_unfinished`) and holding each a moment, until none is left; the ids they
+    claimed, in claim order (two workers claiming one session shows as a repeated id)."""
+    import sessionlog
+
+    claimed: list[str] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        with sessionlog.repository(location) as mine:
+            while (store := mine.claim_unfinished()) is not None:
+                with lock:
+                    claimed.append(store.load().session_id)
+                time.sleep(0.01)  # recovering, while holding it
+
+    threads = [threading.Thread(target=worker) for _ in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return claimed
 
 
 def _renamed(info: Any, name: str) -> Any:
