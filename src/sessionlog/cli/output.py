@@ -11,39 +11,42 @@ from typing import Any
 
 import orjson
 
-from ..repositories.locations import masked, passwords
+from ..repositories.locations import mask_in, masked
 
 PROG = "sessionlog"
 LARGE = 32 << 20  # bytes: from here on, work on a terminal shows progress
 
 
 class Locations:
-    """The locations given on this command line, and how each may be shown: every line the CLI
-    prints passes through `private`, which writes each location as `masked` shows it and
-    replaces its password wherever else it appears (a driver's message quoting it in another
-    shape). Nothing changes for a location without a password."""
+    """The locations given on this command line, and how each may be shown. Every line the CLI
+    prints passes through `private`, which writes each location (also without its `#SESSION_ID`)
+    as `masked` shows it, and nothing else: session data (a title, a label, a role, JSON for
+    programs) is never rewritten, even where it happens to hold the password's text. A message
+    (`say_error`: a driver's, which may quote the password in another shape) passes through
+    `message` too, which masks each given location's password in every form (`mask_in`)."""
 
     def __init__(self) -> None:
         self._given: dict[str, str] = {}
-        self._passwords: list[str] = []
 
     def add(self, location: str) -> None:
-        secrets = passwords(location)
-        secrets |= {json.dumps(secret)[1:-1] for secret in secrets}  # as JSON output quotes it
-        if secrets:
-            self._given[location] = masked(location)
-            self._passwords = sorted({*self._passwords, *secrets}, key=len, reverse=True)
+        for form in {location, location.rpartition("#")[0] or location}:
+            if masked(form) != form:
+                self._given[form] = masked(form)
+                self._given[json.dumps(form)[1:-1]] = json.dumps(masked(form))[1:-1]  # as JSON quotes it
 
     def clear(self) -> None:
         self._given.clear()
-        self._passwords = []
 
     def private(self, text: str) -> str:
-        for location, shown in self._given.items():
-            text = text.replace(location, shown)
-        for secret in self._passwords:
-            text = text.replace(secret, "***")
+        for location in sorted(self._given, key=len, reverse=True):
+            text = text.replace(location, self._given[location])
         return text
+
+    def message(self, text: str) -> str:
+        text = self.private(text)
+        for location in self._given:
+            text = mask_in(text, location)
+        return masked(text)
 
 
 LOCATIONS = Locations()
@@ -86,7 +89,7 @@ def one_line(text: str) -> str:
 
 def say_error(command: str, message: str) -> None:
     """One line on stderr; a password-shaped part of it masked too (a message, never data)."""
-    sys.stderr.write(f"{PROG} {command}: {masked(LOCATIONS.private(escaped(one_line(message))))}\n")
+    sys.stderr.write(f"{PROG} {command}: {LOCATIONS.message(escaped(one_line(message)))}\n")
 
 
 def compact(value: Any) -> str:
