@@ -195,11 +195,19 @@ class SessionExistsError(SessionLogError, FileExistsError):
     """A session already exists at that path."""
 
 
-class SessionNotFoundError(SessionLogError, FileNotFoundError):
+class _Worded(OSError):
+    """An OSError whose str is its message alone: never `[Errno 0] ...: 'path'` (errno and the
+    path stay as attributes)."""
+
+    def __str__(self) -> str:
+        return self.strerror if isinstance(self.strerror, str) else super().__str__()
+
+
+class SessionNotFoundError(SessionLogError, _Worded, FileNotFoundError):
     """No session exists at that path."""
 
 
-class SessionPathError(SessionLogError, OSError):
+class SessionPathError(SessionLogError, _Worded):
     """The path cannot hold a session: a symlink, a directory, not a regular file, or unreadable."""
 
 

@@ -38,7 +38,7 @@ from ..core.async_store import AsyncSessionStore
 from ..core.errors import RepositoryError, SessionLogError, StoreClosedError
 from ..core.state import SessionState
 from ..opening import create_async, open_async
-from .base import AsyncRepositoryBase, checked_labels
+from .base import CREATE_KEYWORDS, AsyncRepositoryBase, checked_create, checked_labels
 from .directory import DirectoryRepository
 from .info import SessionInfo
 from .locations import masked
@@ -60,10 +60,13 @@ class AsyncRepository(AsyncRepositoryBase):
         self.closed = False
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sessionlog-repository")
 
-    async def _call(self, function: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    def _refuse_closed(self, operation: str, session_id: str | None = None) -> None:
         if self.closed:
-            name = getattr(function, "__name__", "call").strip("_")
-            raise RepositoryError(name, masked(str(self.sync.path)), "the repository is closed")
+            where = getattr(self.sync, "directory", None) or self.sync.path  # a directory's path is a method
+            raise RepositoryError(operation, masked(str(where)), "the repository is closed", session_id)
+
+    async def _call(self, function: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        self._refuse_closed(getattr(function, "__name__", "call").strip("_"))
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(function, *args, **kwargs))
 
@@ -128,6 +131,8 @@ class AsyncDirectoryRepository(AsyncRepository):
 
     async def create(self, **header: Any) -> AsyncSessionStore:
         labels = checked_labels(header.pop("labels", ()))  # refused before a session is made
+        self._refuse_closed("create")
+        checked_create(header, (*CREATE_KEYWORDS, "max_line_bytes"))
         from ..core.ids import new_id
 
         session_id = new_id()
@@ -144,6 +149,7 @@ class AsyncDirectoryRepository(AsyncRepository):
 
     async def open(self, session_id: str, **options: Any) -> AsyncSessionStore:
         return await open_async(
+        self._refuse_closed("open", session_id)
             self.sync.path(session_id), self.backend, registry=self.sync.registry, **options
         )
 
@@ -159,9 +165,11 @@ class AsyncSQLRepository(AsyncRepository):
 
     async def create(self, **header: Any) -> AsyncSessionStore:
         return await self.open(await self._call(self.sync.create_row, **header))
+        self._refuse_closed("create")
 
     async def open(self, session_id: str, **options: Any) -> AsyncSessionStore:
         epoch = await self._call(self.sync.claim, session_id, **options)
+        self._refuse_closed("open", session_id)
         session = AsyncRowsSession(self, session_id, epoch)
         return await AsyncSessionStore.open_backend(
             session, self.sync.store_path(session_id), self.sync.async_info

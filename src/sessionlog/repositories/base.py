@@ -96,16 +96,49 @@ def fork_bytes(data: bytes, session_id: str, at_seq: int) -> tuple[str, bytes]:
 
 
 def checked_data(data: object) -> bytes:
-    """A session's bytes to import: bytes (or a bytearray, a memoryview), never a str."""
+    """A session's bytes to import: bytes (or a bytearray, a memoryview, taken as bytes), never
+    a str. One check for every repository kind, so that each refuses the same way."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise TypeError(f"a session to import is bytes (its JSONL file), not {shown(data)}")
     return bytes(data)
 
 
+CREATE_KEYWORDS = ("provider", "model", "cwd", "environment_identity", "labels")
+
+
+def checked_create(header: dict[str, Any], allowed: Iterable[str] = CREATE_KEYWORDS) -> None:
+    """The keywords of a repository's `create`: TypeError for any other (a `session_id=` is
+    never the caller's: the repository makes it), naming the allowed ones, the same in every
+    kind; ValueError for a header string that cannot be stored as UTF-8 (a lone surrogate)."""
+    allowed = tuple(allowed)
+    unknown = sorted(key for key in header if key not in allowed)
+    if unknown:
+        named = ", ".join(_keyword(key) for key in unknown)
+        raise TypeError(f"create() takes the keywords {', '.join(allowed)}; not {named}")
+    for key in ("provider", "model", "cwd", "environment_identity"):
+        value = header.get(key)
+        if isinstance(value, str) and not _encodable(value):
+            raise ValueError(f"{key} is text that UTF-8 can store (no lone surrogate), not {shown(value)}")
+
+
+def _keyword(key: str) -> str:
+    """A keyword the caller wrote in code, shown as it is when it is a short identifier."""
+    return key if key.isidentifier() and len(key) <= 40 else shown(key)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def checked_labels(labels: Iterable[str], what: str = "labels") -> list[str]:
     """A caller's labels, sorted and unique. TypeError unless `labels` is an iterable of strings
     (a str or bytes is refused whole: iterating it would make a label of each character),
-    ValueError for an empty label or one longer than `MAX_LABEL` characters."""
+    ValueError for an empty label, one longer than `MAX_LABEL` characters, or one UTF-8 cannot
+    store (a lone surrogate)."""
     if isinstance(labels, str | bytes | bytearray | memoryview) or not isinstance(labels, Iterable):
         raise TypeError(f"{what} are an iterable of strings (a list, a tuple, a set), not {shown(labels)}")
     found = []
@@ -116,6 +149,8 @@ def checked_labels(labels: Iterable[str], what: str = "labels") -> list[str]:
             raise ValueError(
                 f"a label is a non-empty string of at most {MAX_LABEL} characters, not {shown(label)}"
             )
+        if not _encodable(label):  # stored, it would break every later listing of the repository
+            raise ValueError(f"a label is text that UTF-8 can store (no lone surrogate), not {shown(label)}")
         found.append(label)
     return sorted(set(found))
 

@@ -54,7 +54,7 @@ from ..core.store import SessionStore
 from ..maintenance import write_into_place
 from ..opening import create, open
 from ..plugins.registry import Registry, default_registry
-from .base import RepositoryBase, checked_data, checked_labels, fork_bytes
+from .base import CREATE_KEYWORDS, RepositoryBase, checked_create, checked_data, checked_labels, fork_bytes
 from .index import Index, signature
 from .info import Candidate, Filters, SessionInfo, page
 
@@ -108,6 +108,7 @@ class DirectoryRepository(RepositoryBase):
             )
         if not self.directory.is_dir():
             raise SessionPathError(errno.ENOTDIR, f"not a directory: {self.directory}", str(self.directory))
+        self._closed = False
         self._lock = threading.RLock()  # the in-memory cache, shared by the threads using this object
         self._index = Index(self.directory)
         self._index.open(create=create)
@@ -126,7 +127,17 @@ class DirectoryRepository(RepositoryBase):
         self.rule = info.nul_rule()
 
     def close(self) -> None:
+        """Idempotent. Every call after it raises RepositoryError (as every repository kind)."""
+        self._closed = True
         self._index.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _refuse_closed(self, operation: str, session_id: str | None = None) -> None:
+        if self._closed:
+            raise RepositoryError(operation, str(self.directory), "the repository is closed", session_id)
 
     def __enter__(self) -> DirectoryRepository:
         return self
@@ -153,7 +164,14 @@ class DirectoryRepository(RepositoryBase):
         **options: Any,
     ) -> SessionStore:
         """A new session, open for writing (its writer lock held). Its labels are stored before
-        its file is made, so that no listing ever shows it without them."""
+        its file is made, so that no listing ever shows it without them. `max_line_bytes` is
+        the store's; any other keyword is a TypeError."""
+        self._refuse_closed("create")
+        checked_create(
+            {"provider": provider, "model": model, "cwd": cwd, "environment_identity": environment_identity}
+            | options,
+            (*CREATE_KEYWORDS, "max_line_bytes"),
+        )
         wanted = checked_labels(labels)
         session_id = new_id()
         if wanted:
@@ -178,20 +196,24 @@ class DirectoryRepository(RepositoryBase):
 
     def open(self, session_id: str, **options: Any) -> SessionStore:
         """A session for writing; SessionLockedError while another writer holds it."""
+        self._refuse_closed("open", session_id)
         return open(self.path(session_id), self.backend, registry=self.registry, **options)
 
     def load(self, session_id: str) -> SessionState:
         """The state of a session, read-only: never blocks its writer."""
+        self._refuse_closed("load", session_id)
         return reduce_bytes(read_session_file(self.path(session_id)), **self.rule)
 
     def export(self, session_id: str) -> bytes:
         """The committed lines of a session: the canonical JSONL any port reads."""
+        self._refuse_closed("export", session_id)
         data = read_session_file(self.path(session_id))
         return data[: reduce_bytes(data, **self.rule).repaired_length]
 
     def import_(self, data: bytes, *, labels: Iterable[str] = ()) -> str:
         """Store a session's bytes as they are (byte for byte), once the reducer accepted them;
         its id."""
+        self._refuse_closed("import")
         data = checked_data(data)
         wanted = checked_labels(labels)
         state = reduce_bytes(data)
@@ -212,6 +234,7 @@ class DirectoryRepository(RepositoryBase):
     def fork(self, session_id: str, at_seq: int) -> str:
         """A new session holding the transactions of `session_id` through seq `at_seq` (which
         must end a transaction); its id. The facts keep their ids; the header gets a new one."""
+        self._refuse_closed("fork", session_id)
         forked, data = fork_bytes(self.export(session_id), session_id, at_seq)
         self._write_new("fork", forked, data)
         return forked
@@ -231,6 +254,7 @@ class DirectoryRepository(RepositoryBase):
     def delete(self, session_id: str) -> None:
         """Remove a session and its summary; SessionLockedError while a writer holds it. The
         session's writer lock is held from the check through the unlink."""
+        self._refuse_closed("delete", session_id)
         path = self.path(session_id)
         _unlink_unheld(path, session_id)
         with self._lock:
@@ -241,6 +265,7 @@ class DirectoryRepository(RepositoryBase):
 
     def label(self, session_id: str, labels: Iterable[str]) -> None:
         """Set the caller's labels of a session (replacing its earlier ones)."""
+        self._refuse_closed("label", session_id)
         wanted = checked_labels(labels)
         path = self.path(session_id)
         if not path.exists():
@@ -256,6 +281,7 @@ class DirectoryRepository(RepositoryBase):
     def list(self, **filters: Any) -> builtins.list[SessionInfo]:
         """Sessions newest first (by last write), filtered (`Filters`), at most `limit`, after
         `cursor` (the `cursor` of the last row of the previous page)."""
+        self._refuse_closed("list")
         wanted = Filters(**filters)
         found = sorted(self._summaries(), key=_newest_first, reverse=True)
         labels = self._index.labels()
@@ -266,11 +292,13 @@ class DirectoryRepository(RepositoryBase):
         return page(candidates, wanted)
 
     def latest(self, **filters: Any) -> SessionInfo | None:
+        self._refuse_closed("latest")
         found = self.list(**{**filters, "limit": 1})
         return found[0] if found else None
 
     def unfinished(self) -> builtins.list[SessionInfo]:
         """Sessions with an unfinished run or compaction and no live writer: to recover."""
+        self._refuse_closed("unfinished")
         return self.list(status="needs-recovery", limit=None)
 
     def _summaries(self) -> builtins.list[tuple[dict[str, Any], str]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import errno
 import json
 import socket
 import time
@@ -36,7 +37,7 @@ from ..core.reducer import is_uuid7
 from ..core.state import SessionState
 from ..core.store import BackendInfo, SessionStore
 from ..opening import _header
-from .base import RepositoryBase, checked_labels, fork_bytes
+from .base import RepositoryBase, checked_create, checked_data, checked_labels, fork_bytes
 from .info import Candidate, Filters, SessionInfo, page
 from .leases import Heartbeat
 from .locations import masked
@@ -202,7 +203,7 @@ class SQLRepository(RepositoryBase):
         return session_id
 
     def _missing(self, session_id: str) -> SessionNotFoundError:
-        return SessionNotFoundError(0, f"no session {session_id} in {self.path}", str(self.path))
+        return SessionNotFoundError(errno.ENOENT, f"no session {session_id} in {self.path}", str(self.path))
 
     # -- one session -----------------------------------------------------------------------------
 
@@ -223,6 +224,7 @@ class SQLRepository(RepositoryBase):
         model: str,
         cwd: str | None = None,
         environment_identity: str | None = None,
+            checked_create(header)
         labels: Iterable[str] = (),
     ) -> str:
         """A new session's rows (its header line); its id."""
@@ -237,9 +239,19 @@ class SQLRepository(RepositoryBase):
         database holding no session yet."""
         with self.failing_as("create"):
             self._insert(self._id(orjson.loads(header)["id"]), [header], [], alone=alone)
+        **other: Any,
 
     def _insert(
         self, session_id: str, lines: builtins.list[bytes], labels: builtins.list[str], *, alone: bool = False
+            checked_create(
+                {
+                    "provider": provider,
+                    "model": model,
+                    "cwd": cwd,
+                    "environment_identity": environment_identity,
+                }
+                | other
+            )
     ) -> None:
         """Store a new session's lines, validated by the reducer first."""
         data = b"".join(lines)
@@ -305,6 +317,7 @@ class SQLRepository(RepositoryBase):
             return forked
 
     def delete(self, session_id: str) -> None:
+            data = checked_data(data)
         """The session's lines and summary row, in one transaction (refused while held)."""
         with self.failing_as("delete", session_id):
             session_id = self._id(session_id)

@@ -276,6 +276,76 @@ class RepositoryContract:
                 repo.import_(repo.export(session_id).decode())
             assert [row.session_id for row in repo.list()] == [session_id]  # nothing was made
 
+    def test_text_bytes_and_keywords_are_checked_at_the_door(self, tmp_path: Path) -> None:
+        """What cannot be stored as UTF-8 (a lone surrogate) is a ValueError before anything is
+        made, in a label and in every header string; `import_` takes bytes and refuses a str
+        with the same TypeError in every kind (a bytearray or memoryview is taken as bytes); an
+        unknown keyword of `create` is a TypeError naming the known ones; a missing session's
+        message is plain words, not `[Errno 0] ...: 'path'`."""
+        with self.repository(tmp_path) as repo:
+            with repo.create(**HEADER) as store:
+                store.commit(prompt("hello"))
+                session_id = store.load().session_id
+            for labels in (["\ud800"], ["ok", "a\udfffb"]):
+                with pytest.raises(ValueError, match="label"):
+                    repo.create(**HEADER, labels=labels)
+                with pytest.raises(ValueError, match="label"):
+                    repo.label(session_id, labels)
+            for key in ("provider", "model", "cwd", "environment_identity"):
+                with pytest.raises(ValueError, match=key):
+                    repo.create(**{**HEADER, key: "x\ud800"})
+            with pytest.raises(TypeError, match="session_id") as caught:
+                repo.create(**HEADER, session_id="0190a6b2-0000-7000-8000-000000000000")
+            assert "provider" in str(caught.value) and "labels" in str(caught.value)
+            assert [(row.session_id, row.labels) for row in repo.list()] == [(session_id, ())]
+            data = repo.export(session_id)
+            for wrong in (data.decode(), None, 7):
+                with pytest.raises(TypeError, match="a session to import is bytes"):
+                    repo.import_(wrong)
+            repo.delete(session_id)
+            assert repo.import_(memoryview(data)) == session_id
+            repo.delete(session_id)
+            assert repo.import_(bytearray(data)) == session_id
+            assert repo.export(session_id) == data
+            missing = "0190a6b2-0000-7000-8000-000000000000"
+            with pytest.raises(sessionlog.SessionNotFoundError) as not_found:
+                repo.load(missing)
+            assert "Errno" not in str(not_found.value) and missing in str(not_found.value)
+
+    def test_a_closed_repository_refuses_everything(self, tmp_path: Path) -> None:
+        """After close(), every operation is a RepositoryError "the repository is closed",
+        never done on a closed repository as if it were open."""
+        repo = self.repository(tmp_path)
+        with repo.create(**HEADER) as store:
+            store.commit(prompt("hello"))
+            session_id = store.load().session_id
+        data = repo.export(session_id)
+        repo.close()
+        calls: list[tuple[str, Any]] = [
+            ("create", lambda: repo.create(**HEADER)),
+            ("open", lambda: repo.open(session_id)),
+            ("load", lambda: repo.load(session_id)),
+            ("export", lambda: repo.export(session_id)),
+            ("import", lambda: repo.import_(data)),
+            ("fork", lambda: repo.fork(session_id, 1)),
+            ("delete", lambda: repo.delete(session_id)),
+            ("label", lambda: repo.label(session_id, ["x"])),
+            ("list", lambda: repo.list()),
+            ("latest", lambda: repo.latest()),
+            ("unfinished", lambda: repo.unfinished()),
+        ]
+        for name, call in calls:
+            with pytest.raises(sessionlog.RepositoryError, match="the repository is closed") as caught:
+                call()
+            assert caught.value.operation == name
+        repo.close()  # idempotent
+        reopened = self.repository(tmp_path)
+        try:
+            assert [row.session_id for row in reopened.list()] == [session_id]  # nothing was done
+            assert reopened.export(session_id) == data
+        finally:
+            reopened.close()
+
     # -- threads ---------------------------------------------------------------------------
 
     def test_one_repository_shared_by_eight_threads(self, tmp_path: Path) -> None:
