@@ -142,6 +142,7 @@ class SessionRows:
                 f"{self.repository.path}: session {self.session_id} was opened read-only"
             )
         if not changed:
+            self.repository.fenced += 1
             raise SessionChangedError(
                 f"{self.repository.path}: session {self.session_id} was taken over by another writer "
                 "(fenced); nothing was written"

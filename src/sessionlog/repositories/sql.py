@@ -128,11 +128,19 @@ class SQLRepository(RepositoryBase):
         """This process no longer holds the session (its row may still name it)."""
         self.heartbeat.forget((session_id, epoch))
 
+    # Commits refused because their writer no longer held the session: its hold seen lost
+    # before anything was sent (`check_hold`), or fenced by the writer epoch in the database.
+    fenced = 0
+
     def check_hold(self, rows: SessionRows) -> None:
         """SessionChangedError, before anything is written, unless the writer of `rows` still
         holds the session with a running lease (`leases`)."""
         if rows.epoch:
-            self.heartbeat.check((rows.session_id, rows.epoch))
+            try:
+                self.heartbeat.check((rows.session_id, rows.epoch))
+            except SessionChangedError:
+                self.fenced += 1
+                raise
 
     def write_batch(self, connection: Any, batch: Sequence[tuple[SessionRows, Sequence[bytes]]]) -> list[Any]:
         """Write the lines of several sessions inside the caller's transaction; for each, what
