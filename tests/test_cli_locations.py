@@ -303,3 +303,99 @@ def test_ls_limit_out_of_range_is_said_in_the_cli_s_words(limit: str, cli: Any, 
         "sessionlog ls: error: argument --limit: a whole number from 1 to "
     )
     assert len(run.err.splitlines()) == 1 and "None" not in run.err
+
+
+# -- messages that quote the user's own argument ----------------------------------------------
+
+
+def test_a_repository_named_with_a_bad_session_id_is_suggested_once(
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    _session_in("sqlite:///r.db")
+    for name in ("sqlite:///r.db#", "sqlite:///r.db#abc"):
+        run = cli("inspect", name)
+        assert run.code == 2
+        assert "##" not in run.err and "#abc#" not in run.err, run.err
+        assert "sqlite:///r.db#SESSION_ID" in run.err, run.err
+    run = cli("inspect", "sqlite:///nosuch.db#abc")
+    assert run.code == 2
+    assert run.err == "sessionlog inspect: sqlite:///nosuch.db does not exist (nothing was created)\n"
+    assert sorted(os.listdir(tmp_path)) == ["r.db"]
+
+
+def test_a_non_secret_argument_of_the_user_is_shown_as_typed(
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    run = cli("ls", "sqlite://host/x.db")
+    assert run.code == 2 and "sqlite://host/x.db" in run.err, run.err
+    run = cli("inspect", "x.jsonl", "--backend", "bogus")
+    assert run.code == 2 and "unknown backend 'bogus'" in run.err, run.err
+    run = cli("ls", f"sqlite://u:{PASSWORD}@host/x.db")
+    assert run.code == 2 and PASSWORD not in run.err and "sqlite://u:***@host/x.db" in run.err, run.err
+
+
+# -- ls pages ----------------------------------------------------------------------------------
+
+
+def test_ls_says_when_there_are_more_sessions_and_continues_from_the_cursor(
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    made = {_session_in("sqlite:///r.db") for _ in range(5)}
+    first = cli("ls", "sqlite:///r.db", "--limit", "3")
+    assert first.code == 0 and len(first.out.splitlines()) == 3
+    note = first.err.strip()
+    assert note.startswith("sessionlog ls: more sessions than --limit 3; continue with --cursor "), note
+    cursor = note.rsplit(" ", 1)[1]
+    second = cli("ls", "sqlite:///r.db", "--limit", "3", "--cursor", cursor, "--json")
+    assert second.code == 0 and second.err == "", second.err
+    shown_ids = {line.split()[0] for line in first.out.splitlines()} | {
+        row["session_id"] for row in second.json()
+    }
+    assert shown_ids == made
+    everything = cli("ls", "sqlite:///r.db")
+    assert everything.err == "" and len(everything.out.splitlines()) == 5
+    paged_json = cli("ls", "sqlite:///r.db", "--limit", "2", "--json")
+    assert len(paged_json.json()) == 2 and "--cursor" in paged_json.err
+    assert "--cursor" in cli("ls", "--help").out
+
+
+# -- a killed write into a new SQLite database leaves nothing -----------------------------------
+
+_KILLED = """
+import os, signal, sys
+from sessionlog.repositories.sqlite import SQLiteRepository
+def killed(self, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+SQLiteRepository.import_ = killed
+from sessionlog.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("command", ["import", "convert"])
+def test_a_killed_write_into_a_new_sqlite_database_leaves_no_database(command: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    source = tmp_path / "s.jsonl"
+    with sessionlog.create(source, **HEADER) as store:
+        store.commit(F.accept_prompt("hi"))
+    work = tmp_path / "work"
+    work.mkdir()
+    argv = (
+        ["import", "sqlite:///x.db", str(source)]
+        if command == "import"
+        else ["convert", str(source), "sqlite:///x.db"]
+    )
+    run = subprocess.run([sys.executable, "-c", _KILLED, *argv], cwd=work, capture_output=True, text=True)
+    assert run.returncode == -9, run.stderr
+    assert not any(name == "x.db" or name.startswith("x.db-") for name in os.listdir(work)), os.listdir(work)
+    # and the next run completes, clearing what the killed one left
+    assert (
+        subprocess.run([sys.executable, "-m", "sessionlog", *argv], cwd=work, capture_output=True).returncode
+        == 0
+    )
+    assert os.listdir(work) == ["x.db"]

@@ -67,7 +67,7 @@ from ..repositories.locations import masked
 from . import repos
 from .convert import cmd_convert
 from .look import cmd_backends, cmd_inspect, cmd_reduce, cmd_verify
-from .output import LOCATIONS, PROG, one_line, say_error
+from .output import LOCATIONS, PROG, one_line, say_error, typed
 from .recover import cmd_abort, cmd_plan, cmd_recover
 from .repair import cmd_repair
 from .sessions import CURRENT_HELP, Mismatch, UsageError, check_session_name
@@ -210,6 +210,8 @@ _BAD_SESSION = (CorruptionError, ValidationError, Mismatch, StorePoisonedError)
 
 
 def _message(error: BaseException) -> str:
+    if isinstance(error, UnknownBackendError):  # the name given with --backend or --to
+        return f"unknown backend {typed(error.name)}; registered: {', '.join(error.known) or 'none'}"
     if isinstance(error, OSError) and not isinstance(error, SessionLogError) and error.filename:
         return f"{error.filename}: {error.strerror or error}"
     if isinstance(error, OSError) and isinstance(error, SessionLogError) and error.strerror:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from ..core.errors import shown
 from ..repositories.locations import mask_in, masked
 
 PROG = "sessionlog"
@@ -81,6 +83,19 @@ def escaped(text: str) -> str:
         else f"\\u{ord(char):04x}"
         for char in text
     )
+
+
+_TYPED = re.compile(r"[A-Za-z0-9._:/+-]{1,40}")
+
+
+def typed(value: str) -> str:
+    """A value the user typed on this command line (a backend's name), for a message about it:
+    as typed when it is a short identifier-like word, else as `shown` bounds it. The library's
+    own messages show no string whole (`shown`: a value in a wrong field may be a secret); the
+    user's own argument, quoted back to that user, is no leak, and `bogus` tells more than
+    "a string of 5 characters". A location goes through `masked` instead (it may hold a
+    password)."""
+    return repr(value) if _TYPED.fullmatch(value) else shown(value)
 
 
 def one_line(text: str) -> str:

@@ -15,7 +15,7 @@ from ..core.errors import shown
 from ..maintenance import remove_stale_copies, write_into_place
 from ..plugins.registry import Registry
 from .describe import created_text
-from .output import out, out_json
+from .output import PROG, out, out_json
 from .sessions import UsageError, in_repository, open_repository
 
 
@@ -30,7 +30,17 @@ def cmd_ls(args: argparse.Namespace, registry: Registry) -> int:
     with open_repository(args.location, registry) as repository:
         if args.backend is not None:
             _read_as(repository, args.backend, registry)
-        rows = repository.list(status=args.status or None, labels=args.label, limit=args.limit)
+        rows = repository.list(
+            status=args.status or None,
+            labels=args.label,
+            limit=min(args.limit + 1, _MAX_LIMIT),  # one more: are there more than it shows?
+            cursor=args.cursor,
+        )
+    if len(rows) > args.limit:  # on stderr: stdout (and its JSON array) stays as it was
+        rows = rows[: args.limit]
+        sys.stderr.write(
+            f"{PROG} ls: more sessions than --limit {args.limit}; continue with --cursor {rows[-1].cursor}\n"
+        )
     if args.json:
         out_json([_row(info) for info in rows])
         return 0
@@ -148,7 +158,18 @@ def add_commands(commands: Any) -> None:
         help="only these",
     )
     sub.add_argument("--label", action="append", default=[], help="only sessions with this label")
-    sub.add_argument("--limit", type=_limit, default=100, help="at most this many (default 100)")
+    sub.add_argument(
+        "--limit",
+        type=_limit,
+        default=100,
+        help="at most this many (default 100); when there are more, a line on stderr gives the --cursor "
+        "that lists the next ones",
+    )
+    sub.add_argument(
+        "--cursor",
+        metavar="CURSOR",
+        help="continue a listing after the last row shown (the CURSOR its 'more sessions' line gave)",
+    )
     sub.add_argument(
         "--backend",
         metavar="NAME",

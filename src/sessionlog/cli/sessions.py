@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from ..core.reducer import is_uuid7
 from ..core.state import SessionState
 from ..core.store import BackendInfo, SessionStore
 from ..plugins.registry import Registry, default_registry
+from ..repositories.locations import masked
 from .output import PROG, Progress, status
 
 CURRENT_LIMIT = 16 << 20  # bytes: a current configuration is a few kilobytes
@@ -82,12 +84,25 @@ def open_for_writing(name: str, backend: str, registry: Registry) -> Iterator[Se
 
 def check_session_name(name: str) -> None:
     """A repository's URL where a session is wanted (`verify sqlite:////var/agent.db`): say how
-    to name one of its sessions, rather than look for a file of that name."""
+    to name one of its sessions, rather than look for a file of that name; a SQLite database
+    that does not exist is said not to exist."""
     if "://" in name and not in_repository(name):
+        location = name.rpartition("#")[0] or name  # `DB#` or `DB#not-an-id`: DB is meant
+        if not os.path.lexists(sqlite_file(location) or "."):
+            raise UsageError(f"{location} does not exist (nothing was created)")
         raise UsageError(
-            f"{name} is a repository: name one of its sessions as {name}#SESSION_ID "
-            f"({PROG} ls {name} lists them)"
+            f"{name} is a repository: name one of its sessions as {location}#SESSION_ID "
+            f"({PROG} ls {location} lists them)"
         )
+
+
+def sqlite_file(location: str) -> str | None:
+    """The file a `sqlite:///relative.db` or `sqlite:////absolute.db` URL names, or None."""
+    scheme, _, rest = location.partition("://")
+    path = rest.partition("?")[0]
+    if scheme != "sqlite" or not path.startswith("/") or path == "/":
+        return None
+    return path[1:]
 
 
 # A libpq keyword DSN (`host=db password=...`) is no location: as a directory name it would be
@@ -107,6 +122,11 @@ def open_repository(location: str, registry: Registry, *, create: bool = False) 
         raise UsageError(
             f"{location}: not a repository location (a directory, sqlite:///PATH or "
             "postgresql://USER@HOST/DATABASE; a keyword DSN is not one)"
+        )
+    if location.startswith("sqlite://") and sqlite_file(location) is None:  # as typed, masked
+        raise UsageError(
+            "a SQLite URL is sqlite:///relative/path.db or sqlite:////absolute/path.db, "
+            f"not {masked(location)}"
         )
     try:
         return repository(location, registry=registry, create=create)
