@@ -160,3 +160,26 @@ def test_a_batch_that_fails_unexpectedly_never_stops_the_writer(
         await repo.close()
 
     asyncio.run(main())
+
+
+def test_a_dropped_async_sqlite_store_gives_its_session_back(tmp_path: Path) -> None:
+    """An async store dropped without `close()` gives its session up once collected, as a sync
+    one does (its last batch is not kept alive by the writer thread)."""
+    import gc
+
+    async def main() -> None:
+        repo = await sessionlog.repository_async(_location("sqlite", tmp_path))
+        dropped, other = await repo.create(**HEADER), await repo.create(**HEADER)
+        await dropped.commit(F.accept_prompt("dropped"))
+        session_id = (await dropped.load()).session_id
+        del dropped
+        gc.collect()
+        again = await repo.open(session_id)  # not SessionLockedError: the hold was given back
+        await other.commit(F.accept_prompt("after the drop"))
+        await again.commit([F.user_message("picked up")])
+        assert [m["content"] for m in (await repo.load(session_id)).transcript] == ["dropped", "picked up"]
+        await again.close()
+        await other.close()
+        await repo.close()
+
+    asyncio.run(main())

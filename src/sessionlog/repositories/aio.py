@@ -30,6 +30,7 @@ import contextlib
 import functools
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -130,9 +131,9 @@ class AsyncDirectoryRepository(AsyncRepository):
         sync.read_as(self.backend)  # the sessions are this backend's files: read with its rule
 
     async def create(self, **header: Any) -> AsyncSessionStore:
-        labels = checked_labels(header.pop("labels", ()))  # refused before a session is made
         self._refuse_closed("create")
         checked_create(header, (*CREATE_KEYWORDS, "max_line_bytes"))
+        labels = checked_labels(header.pop("labels", ()))  # refused before a session is made
         from ..core.ids import new_id
 
         session_id = new_id()
@@ -148,8 +149,8 @@ class AsyncDirectoryRepository(AsyncRepository):
         return store
 
     async def open(self, session_id: str, **options: Any) -> AsyncSessionStore:
-        return await open_async(
         self._refuse_closed("open", session_id)
+        return await open_async(
             self.sync.path(session_id), self.backend, registry=self.sync.registry, **options
         )
 
@@ -164,12 +165,12 @@ class AsyncSQLRepository(AsyncRepository):
         self.writer = BatchWriter(sync)
 
     async def create(self, **header: Any) -> AsyncSessionStore:
-        return await self.open(await self._call(self.sync.create_row, **header))
         self._refuse_closed("create")
+        return await self.open(await self._call(self.sync.create_row, **header))
 
     async def open(self, session_id: str, **options: Any) -> AsyncSessionStore:
-        epoch = await self._call(self.sync.claim, session_id, **options)
         self._refuse_closed("open", session_id)
+        epoch = await self._call(self.sync.claim, session_id, **options)
         session = AsyncRowsSession(self, session_id, epoch)
         return await AsyncSessionStore.open_backend(
             session, self.sync.store_path(session_id), self.sync.async_info
@@ -190,9 +191,9 @@ class AsyncRowsSession(SessionRows):
         super().__init__(owner.sync, session_id, epoch)
         self.owner = owner
         self.owner_closes = owner_closes  # the store owns its repository (the `sqlite-async` backend)
-        heartbeat = getattr(owner.sync, "heartbeat", None)  # a repository whose holds are leases
-        if heartbeat is not None and epoch:
-            heartbeat.attach((session_id, epoch), self)
+        # A store dropped without close() gives its hold back once collected: the writer thread
+        # releases it (as a sync store's finalizer does), in order with the commits queued before.
+        self._dropped = weakref.finalize(self, owner.writer.dropped, session_id, epoch) if epoch else None
 
     def _with_connection(self, work: Callable[..., _T], *args: Any) -> _T:
         """`work` on a connection of the repository: reading the session as its store opens (a
@@ -210,6 +211,8 @@ class AsyncRowsSession(SessionRows):
         await asyncio.wrap_future(self.owner.writer.submit(self, lines))
 
     async def close(self) -> None:
+        if self._dropped is not None:
+            self._dropped.detach()
         if self.owner.closed:  # the repository released its holds as it closed
             self.repository.forget_hold(self.session_id, self.epoch)
             return
@@ -221,6 +224,7 @@ class AsyncRowsSession(SessionRows):
 
 
 _Batch = tuple[SessionRows, list[bytes], "concurrent.futures.Future[None]"]
+_Dropped = tuple[str, int]  # (session id, writer epoch) of a store collected without close()
 
 
 class BatchWriter:
@@ -230,7 +234,7 @@ class BatchWriter:
 
     def __init__(self, repository: SQLRepository) -> None:
         self.repository = repository
-        self._queue: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Batch | _Dropped | None] = queue.SimpleQueue()
         self._lock = threading.Lock()  # `closed` and the queue's end marker, together
         self.closed = False
         self.connection: Any = repository.connect()
@@ -251,6 +255,12 @@ class BatchWriter:
         )
         return future
 
+    def dropped(self, session_id: str, epoch: int) -> None:
+        """A store of the session was collected without close(): release its hold. Called by a
+        finalizer, in any thread, at any point of it: only a put on the SimpleQueue (reentrant);
+        queued after the close it is never written, and the repository's close releases it."""
+        self._queue.put((session_id, epoch))
+
     def close(self) -> None:
         """Write what was queued, then end the thread and its connection. Idempotent."""
         with self._lock:
@@ -267,41 +277,75 @@ class BatchWriter:
                 connection.close()
 
     def _run(self) -> None:
+        while self._round():
+            pass
+
+    def _round(self) -> bool:
+        """Take everything queued and write it; False at the end marker. (A function of its own:
+        no batch stays referenced while the thread waits, so a dropped store can be collected.)"""
         stopping = False
-        while not stopping:
-            first = self._queue.get()
-            if first is None:
+        batch: list[_Batch] = []
+        dropped: list[_Dropped] = []
+        item = self._queue.get()
+        while True:
+            if item is None:
+                stopping = True
                 break
-            batch = [first]
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    stopping = True
-                    break
+            if len(item) == 2:
+                dropped.append(item)
+            else:
                 batch.append(item)
             try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+        for session_id, epoch in dropped:
+            self._release(session_id, epoch)
+        try:
+            if batch:
                 self._write(batch)
-            except BaseException as error:  # a bug, say: fail this batch, never the thread (every
-                for _, _, future in batch:  # later commit would wait forever)
-                    if not future.done():
-                        future.set_exception(error)
+        except BaseException as error:  # a bug, say: fail this batch, never the thread (every
+            for _, _, future in batch:  # later commit would wait forever)
+                if not future.done():
+                    future.set_exception(error)
+        return not stopping
+
+    def _release(self, session_id: str, epoch: int) -> None:
+        """At best effort, as `SessionRows.release` (a release that fails leaves a lease that
+        runs out: the hold is forgotten, no longer renewed)."""
+        try:
+            SessionRows(self.repository, session_id, epoch).release(self._usable_connection())
+        except Exception:
+            self.repository.forget_hold(session_id, epoch)
+            self._drop_connection()
+
+    def _usable_connection(self) -> Any:
+        """The writer's connection; a new one if there is none, or the server closed or spoke on
+        it while idle (restarted, `pg_terminate_backend`): nothing was sent on it yet."""
+        if self.connection is not None and not self.repository.usable(self.connection):
+            self._drop_connection()
+        if self.connection is None:
+            self.connection = self.repository.connect()
+        return self.connection
 
     def _write(self, batch: list[_Batch]) -> None:
-        try:
-            if self.connection is None:
-                self.connection = self.repository.connect()
-            with self.repository.transaction(self.connection) as connection:
-                outcomes = self.repository.write_batch(
-                    connection, [(rows, lines) for rows, lines, _ in batch]
-                )
-        except BaseException as error:  # the transaction failed: none of it was committed, or unknown
-            self._drop_connection()  # maybe broken (a restarted server): the next batch connects anew
-            for rows, _, future in batch:
-                future.set_exception(self._typed(error, rows.session_id))
-            return
+        for attempt in (1, 2):
+            try:
+                with self.repository.transaction(self._usable_connection()) as connection:
+                    outcomes = self.repository.write_batch(
+                        connection, [(rows, lines) for rows, lines, _ in batch]
+                    )
+                break
+            except BaseException as error:  # the transaction failed: none of it was committed, or unknown
+                self._drop_connection()  # maybe broken (a restarted server): the next batch connects anew
+                # A driver's error before COMMIT was sent (a SessionLogError is the commit's
+                # unknown outcome, or a refusal): nothing was written, so the batch is tried once
+                # more on a new connection (were it written, its fenced update would match no row).
+                if attempt == 1 and isinstance(error, Exception) and not isinstance(error, SessionLogError):
+                    continue
+                for rows, _, future in batch:
+                    future.set_exception(self._typed(error, rows.session_id))
+                return
         for (rows, _, future), written in zip(batch, outcomes, strict=True):
             if isinstance(written, BaseException):
                 future.set_exception(written)

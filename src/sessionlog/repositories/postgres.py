@@ -408,6 +408,12 @@ class PostgresRepository(SQLRepository):
         with self.pool.connection() as connection:
             yield connection
 
+    def usable(self, connection: Any) -> bool:
+        """Not closed, and the server sent nothing on it while idle (a terminated backend's or a
+        stopping server's FATAL notice, or the end of the stream): such a connection is replaced
+        before a commit is sent, so an idle drop costs no commit."""
+        return not connection.closed and not _readable(connection)
+
     def connect(self) -> Any:
         """A connection of its own (the async repository's writer thread)."""
         with self.failing_as("connect"):
@@ -622,6 +628,9 @@ class PostgresSession(SessionRows):
             self.cut(connection, length)
 
     def append(self, line: bytes) -> None:
+        # First, so a store of a closed repository is told its commit was not written (its hold
+        # ended with the repository), not the unknown outcome of a failed write.
+        self.repository.check_hold(self)
         with self.repository.failing_as("commit", self.session_id):
             self.repository.commit_alone(self, (line,))
 

@@ -165,6 +165,11 @@ class SQLRepository(RepositoryBase):
         writer thread keeps one)."""
         raise NotImplementedError
 
+    def usable(self, connection: Any) -> bool:
+        """Whether a connection kept idle may be used as it is (PostgreSQL: not one the server
+        closed or spoke on meanwhile); one that is not is replaced before anything is sent."""
+        return True
+
     def close(self) -> None:
         raise NotImplementedError
 
