@@ -39,7 +39,9 @@ def repository(location: str | os.PathLike[str], *, registry: Registry | None = 
     `create=False`: a missing location raises RepositoryNotFoundError and nothing is created."""
     text = os.fspath(location)
     scheme, separator, rest = text.partition("://")
-    if not separator:
-        scheme, rest = "file", text
+    if not separator:  # a path as it is (`file:name` too): never read as a URL
+        from .builtin import open_directory
+
+        return open_directory(text, **options)
     registry = registry if registry is not None else default_registry()
     return registry.repository_factory(scheme)(rest, **options)

@@ -113,7 +113,7 @@ def checked_create(header: dict[str, Any], allowed: Iterable[str] = CREATE_KEYWO
     allowed = tuple(allowed)
     unknown = sorted(key for key in header if key not in allowed)
     if unknown:
-        named = ", ".join(_keyword(key) for key in unknown)
+        named = ", ".join(keyword_shown(key) for key in unknown)
         raise TypeError(f"create() takes the keywords {', '.join(allowed)}; not {named}")
     for key in ("provider", "model", "cwd", "environment_identity"):
         value = header.get(key)
@@ -121,9 +121,9 @@ def checked_create(header: dict[str, Any], allowed: Iterable[str] = CREATE_KEYWO
             raise ValueError(f"{key} is text that UTF-8 can store (no lone surrogate), not {shown(value)}")
 
 
-def _keyword(key: str) -> str:
+def keyword_shown(key: str) -> str:
     """A keyword the caller wrote in code, shown as it is when it is a short identifier."""
-    return key if key.isidentifier() and len(key) <= 40 else shown(key)
+    return key if key.isascii() and key.isidentifier() and len(key) <= 40 else shown(key)
 
 
 def _encodable(text: str) -> bool:

@@ -55,7 +55,7 @@ from ..maintenance import write_into_place
 from ..opening import create, open
 from ..plugins.registry import Registry, default_registry
 from .base import CREATE_KEYWORDS, RepositoryBase, checked_create, checked_data, checked_labels, fork_bytes
-from .index import Index, signature
+from .index import INDEX_NAME, Index, signature
 from .info import Candidate, Filters, SessionInfo, page
 
 SUFFIX = ".jsonl"
@@ -89,6 +89,21 @@ class DirectoryRepository(RepositoryBase):
         if reads_as is not None:
             self.read_as(reads_as)
         self.directory = Path(directory)
+        made = _missing_parents(self.directory) if create else []  # removed again if opening fails
+        try:
+            self._open(str(directory), create)
+        except BaseException:
+            self._closed = True
+            with contextlib.suppress(AttributeError):
+                self._index.close()
+            for path in made:  # made by this call, nothing in them but what it put there
+                with contextlib.suppress(OSError):
+                    for leftover in path.glob(f"{INDEX_NAME}*"):
+                        leftover.unlink()
+                    path.rmdir()
+            raise
+
+    def _open(self, directory: str, create: bool) -> None:
         if create:
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
@@ -98,7 +113,7 @@ class DirectoryRepository(RepositoryBase):
                 raise SessionPathError(
                     error.errno,
                     f"cannot make the repository {self.directory}: {error.strerror}",
-                    str(directory),
+                    directory,
                 ) from None
         elif not os.path.lexists(self.directory):
             raise RepositoryNotFoundError(
@@ -236,20 +251,22 @@ class DirectoryRepository(RepositoryBase):
         must end a transaction); its id. The facts keep their ids; the header gets a new one."""
         self._refuse_closed("fork", session_id)
         forked, data = fork_bytes(self.export(session_id), session_id, at_seq)
-        self._write_new("fork", forked, data)
+        self._write_new("fork", forked, data, named=session_id)  # a failure names the source
         return forked
 
-    def _write_new(self, operation: str, session_id: str, data: bytes) -> None:
+    def _write_new(self, operation: str, session_id: str, data: bytes, *, named: str | None = None) -> None:
         """A new session file, written whole under a temporary name and then linked into place;
-        a failure (a full disk) leaves nothing, a kill a temporary that the next open removes."""
+        a failure (a full disk) leaves nothing, a kill a temporary that the next open removes.
+        `named`: the session the error names when it is not the new one (a fork's source)."""
         try:
             write_into_place(self.path(session_id), data)
         except SessionLogError:
             raise
         except OSError as error:
-            raise RepositoryError(
-                operation, str(self.directory), f"{error.strerror or error} (nothing was written)", session_id
-            ) from error
+            problem = f"{error.strerror or error} (nothing was written)"
+            if named is not None:
+                problem = f"{problem}; the new session would have been {session_id}"
+            raise RepositoryError(operation, str(self.directory), problem, named or session_id) from error
 
     def delete(self, session_id: str) -> None:
         """Remove a session and its summary; SessionLockedError while a writer holds it. The
@@ -363,6 +380,16 @@ class DirectoryRepository(RepositoryBase):
                 "updated_at": status.st_mtime_ns // 1_000_000,
             }
         return summary_of(state, data, status.st_mtime_ns // 1_000_000)
+
+
+def _missing_parents(directory: Path) -> builtins.list[Path]:
+    """The directories a `mkdir(parents=True)` of `directory` would make, deepest first."""
+    missing = []
+    for path in (directory, *directory.parents):
+        if os.path.lexists(path):
+            break
+        missing.append(path)
+    return missing
 
 
 def _newest_first(found: tuple[dict[str, Any], str]) -> tuple[int, str]:

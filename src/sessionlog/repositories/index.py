@@ -5,7 +5,8 @@ scan and one query, never 10,000 reductions. Labels, which only the caller knows
 
 The index is a cache of the logs (but for the labels): deleting it loses nothing else, the next
 `list` rebuilds it. So a damaged index (not a database, truncated, another schema) is set aside
-as `.sessionlog-index.db.damaged` (its labels can still be read from there) and a new one is
+as `.sessionlog-index.db.damaged` (then `.damaged.2`, ...: never over an earlier one; its
+labels can still be read from there) and a new one is
 made; an index of a newer sessionlog is refused, unchanged. Every write is one short
 transaction; readers never block the writers of the sessions themselves.
 
@@ -103,7 +104,7 @@ class Index:
             return False
         try:
             connection = sqlite3.connect(
-                f"{self.path.as_uri()}?mode=ro&immutable=1", uri=True, check_same_thread=False
+                f"{self.path.absolute().as_uri()}?mode=ro&immutable=1", uri=True, check_same_thread=False
             )
             _check_shape(connection)
             connection.execute("select 1 from sessions, labels limit 1").fetchall()
@@ -259,8 +260,8 @@ class Index:
 
         try:
             _private_file(self.path)
-            self._connection = sqlite3.connect(
-                self.path, isolation_level=None, timeout=5.0, check_same_thread=False
+            self._connection = sqlite3.connect(  # absolute: SQLite reads a name `file:...` as a URI
+                self.path.absolute(), isolation_level=None, timeout=5.0, check_same_thread=False
             )
         except OSError as error:
             raise RepositoryError("open", str(self.path.parent), _problem(error)) from error
@@ -285,7 +286,7 @@ class Index:
     def _rebuild(self, operation: str) -> None:
         """Set the damaged index aside (with its -wal and -shm) and make a new, empty one."""
         self.close()
-        aside = self.path.with_name(INDEX_NAME + DAMAGED_SUFFIX)
+        aside = _free_name(self.path.with_name(INDEX_NAME + DAMAGED_SUFFIX))
         try:
             for suffix in ("", "-wal", "-shm", "-journal"):
                 with contextlib.suppress(FileNotFoundError):
@@ -302,6 +303,17 @@ class Index:
             raise RepositoryError(
                 operation, str(self.path.parent), f"the index is damaged: {error}"
             ) from None
+
+
+def _free_name(aside: Path) -> Path:
+    """Where to set a damaged index aside: `.damaged`, then `.damaged.2`, `.damaged.3`... so that
+    an earlier one (whose labels may still be read) is never overwritten."""
+    number = 1
+    found = aside
+    while any(os.path.lexists(f"{found}{suffix}") for suffix in ("", "-wal", "-shm", "-journal")):
+        number += 1
+        found = aside.with_name(f"{aside.name}.{number}")
+    return found
 
 
 def _all(connection: sqlite3.Connection, query: str) -> list[Any]:
