@@ -395,7 +395,9 @@ def test_a_killed_write_into_a_new_sqlite_database_leaves_no_database(command: s
     assert not any(name == "x.db" or name.startswith("x.db-") for name in os.listdir(work)), os.listdir(work)
     # and the next run completes, clearing what the killed one left
     assert (
-        subprocess.run([sys.executable, "-m", "sessionlog", *argv], cwd=work, capture_output=True).returncode
+        subprocess.run(
+            [sys.executable, "-m", "sessionlog.cli", *argv], cwd=work, capture_output=True
+        ).returncode
         == 0
     )
     assert os.listdir(work) == ["x.db"]

@@ -14,6 +14,7 @@ import pytest
 
 import sessionlog
 from sessionlog.cli import convert as convert_module
+from sessionlog.cli import new_database
 from sessionlog.cli import sessions as sessions_module
 from sessionlog.core import facts as F
 from test_cli import mid_crash, torn
@@ -127,7 +128,7 @@ def test_a_failed_convert_leaves_no_copy_and_no_temporary(
     def broken(*args: Any) -> None:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(convert_module, "sync_file", broken)
+    monkeypatch.setattr(new_database, "sync_file", broken)
     assert cli("convert", path, copy, "--to", "jsonl-fsync").code == 1
     assert sorted(item.name for item in tmp_path.iterdir()) == ["s.jsonl"]
     monkeypatch.undo()

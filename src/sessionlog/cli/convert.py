@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.jsonl_file import temporary_path
-from ..core.errors import SessionExistsError, SessionLogError, SessionPathError
+from ..core.errors import SessionExistsError, SessionLogError
 from ..core.framing import lines
-from ..maintenance import link_into_place, remove_copy, remove_stale_copies, sync_file
+from ..maintenance import link_into_place, remove_copy, remove_stale_copies
 from ..plugins.registry import Registry
+from .new_database import settle, writing_into
 from .output import Progress, out
-from .sessions import Mismatch, UsageError, load_session, open_repository
+from .sessions import Mismatch, UsageError, load_session
 
 _CHUNK_BYTES = 4 << 20
 
@@ -96,7 +97,7 @@ def cmd_convert(args: argparse.Namespace, registry: Registry) -> int:
         if converted != state:
             raise Mismatch(f"{args.dst}: the converted session does not reduce to the state of {args.src}")
         if aside:
-            _settle(target)
+            settle(target)
             link_into_place(target, destination)
     except BaseException:
         progress.close()
@@ -112,17 +113,6 @@ def cmd_convert(args: argparse.Namespace, registry: Registry) -> int:
         f"{len(body):,} transactions, last seq {state.last_seq}, {end:,} bytes{note}"
     )
     return 0
-
-
-def _settle(copy: Path) -> None:
-    """The closed copy synced, whole in its one file: a SQLite copy's write-ahead log folded back
-    when its last connection closed (else the file alone would lack what the log holds)."""
-    wal = copy.with_name(f"{copy.name}-wal")
-    if os.path.exists(wal) and os.path.getsize(wal):
-        raise SessionPathError(errno.EIO, f"the copy's write-ahead log was not folded back: {wal}", str(wal))
-    sync_file(copy)
-    remove_copy(wal)  # an empty -wal or -shm of the closed copy, if SQLite kept them
-    remove_copy(copy.with_name(f"{copy.name}-shm"))
 
 
 def _undo_session(database: Path, session_id: str, made_database: bool) -> None:
@@ -179,7 +169,7 @@ def _into_repository(args: argparse.Namespace, registry: Registry) -> int:
     if args.to is not None:
         raise UsageError(f"{args.dst} is a repository: it chooses how it stores sessions (drop --to)")
     data, state = load_session(args.src, args.backend, registry, args.progress)
-    with open_repository(args.dst, registry, create=True) as repository:
+    with writing_into(args.dst, registry) as repository:
         session_id = repository.import_(data[: state.repaired_length])
         if repository.load(session_id) != state:
             repository.delete(session_id)  # all or nothing: a copy that reads back wrong goes

@@ -15,6 +15,7 @@ from ..core.errors import shown
 from ..maintenance import remove_stale_copies, write_into_place
 from ..plugins.registry import Registry
 from .describe import created_text
+from .new_database import writing_into
 from .output import PROG, out, out_json
 from .sessions import UsageError, in_repository, open_repository
 
@@ -89,7 +90,7 @@ def cmd_export(args: argparse.Namespace, registry: Registry) -> int:
 
 def cmd_import(args: argparse.Namespace, registry: Registry) -> int:
     data = read_session_file(args.file)
-    with open_repository(args.location, registry, create=True) as repository:
+    with writing_into(args.location, registry) as repository:
         session_id = repository.import_(data, labels=args.label)
     out(f"imported {args.file} as {args.location}#{session_id}")
     return 0
