@@ -165,3 +165,18 @@ def test_a_bad_dsn_is_no_errno() -> None:
         sessionlog.repository("postgresql://u@127.0.0.1:1/db?sslmode=bogus")
     assert "Errno" not in str(caught.value)
     assert "sslmode" in str(caught.value)
+
+
+def test_file_errors_read_as_their_message(tmp_path: Path) -> None:
+    """A repository's OSError subclasses keep errno and path as attributes; their str is the
+    message alone, never `[Errno 2] ...: 'path'`."""
+    with pytest.raises(sessionlog.RepositoryNotFoundError) as missing:
+        sessionlog.repository("nothing-here", create=False)
+    assert str(missing.value).startswith("no repository at nothing-here")
+    assert missing.value.errno == errno.ENOENT and missing.value.filename == "nothing-here"
+    with sessionlog.repository("sqlite:///a.db") as repo:
+        with repo.create(**HEADER) as store:
+            data = repo.export(store.load().session_id)
+        with pytest.raises(sessionlog.SessionExistsError) as exists:
+            repo.import_(data)
+        assert "Errno" not in str(exists.value) and str(exists.value).startswith("session ")

@@ -191,16 +191,16 @@ class UnknownBackendError(SessionLogError, LookupError):
         super().__init__(f"unknown backend {shown(name)}; registered: {', '.join(self.known) or 'none'}")
 
 
-class SessionExistsError(SessionLogError, FileExistsError):
-    """A session already exists at that path."""
-
-
 class _Worded(OSError):
     """An OSError whose str is its message alone: never `[Errno 0] ...: 'path'` (errno and the
     path stay as attributes)."""
 
     def __str__(self) -> str:
         return self.strerror if isinstance(self.strerror, str) else super().__str__()
+
+
+class SessionExistsError(SessionLogError, _Worded, FileExistsError):
+    """A session already exists at that path."""
 
 
 class SessionNotFoundError(SessionLogError, _Worded, FileNotFoundError):
@@ -211,7 +211,7 @@ class SessionPathError(SessionLogError, _Worded):
     """The path cannot hold a session: a symlink, a directory, not a regular file, or unreadable."""
 
 
-class RepositoryNotFoundError(SessionLogError, FileNotFoundError):
+class RepositoryNotFoundError(SessionLogError, _Worded, FileNotFoundError):
     """No repository exists at that location, and the caller asked for an existing one
     (`create=False`, as every read-only command does): nothing was created."""
 
