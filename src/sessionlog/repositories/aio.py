@@ -14,11 +14,15 @@ that thread only). Commits:
   alone, never its neighbours (no savepoint is needed). A commit is acknowledged only after the
   transaction holding it committed.
 
-A transaction that fails poisons the stores of its batch (typed: CommitOutcomeUnknownError when
-the connection broke during COMMIT) and the writer's connection is replaced: the next batch, of
-any session, goes through a new one (a server restart or `pg_terminate_backend` stops one batch,
-not the repository). Once the repository is closed its stores' commits are refused at once
-(StoreClosedError) and their `close()` returns; the sessions they held are released.
+The writer's connection is checked before each batch (`SQLRepository.usable`: one the server
+closed or spoke on while idle, after a restart or `pg_terminate_backend`, is replaced), and a
+batch whose driver error came before COMMIT was sent (nothing written) is tried once more on a
+new connection: a connection dropped while idle costs no commit. A transaction that still fails
+poisons the stores of its batch (typed: CommitOutcomeUnknownError when the connection broke
+during COMMIT) and the connection is replaced: the next batch, of any session, goes through a new
+one. Once the repository is closed its stores' commits are refused at once (StoreClosedError) and
+their `close()` returns; the sessions they held are released. A store dropped without `close()`
+gives its session back once collected (the writer thread writes the release).
 """
 
 from __future__ import annotations
