@@ -224,6 +224,7 @@ class SQLRepository(RepositoryBase):
         """A new session (`provider`, `model`, `cwd`, `environment_identity`, `labels`), open for
         writing."""
         with self.failing_as("create"):
+            checked_create(header)
             return self.open(self.create_row(**header))
 
     def store_path(self, session_id: str) -> Path:
@@ -237,11 +238,20 @@ class SQLRepository(RepositoryBase):
         model: str,
         cwd: str | None = None,
         environment_identity: str | None = None,
-            checked_create(header)
         labels: Iterable[str] = (),
+        **other: Any,
     ) -> str:
         """A new session's rows (its header line); its id."""
         with self.failing_as("create"):
+            checked_create(
+                {
+                    "provider": provider,
+                    "model": model,
+                    "cwd": cwd,
+                    "environment_identity": environment_identity,
+                }
+                | other
+            )
             session_id = new_id()
             header = _header(provider, model, cwd, environment_identity, session_id)
             self._insert(session_id, [header], checked_labels(labels))
@@ -252,19 +262,9 @@ class SQLRepository(RepositoryBase):
         database holding no session yet."""
         with self.failing_as("create"):
             self._insert(self._id(orjson.loads(header)["id"]), [header], [], alone=alone)
-        **other: Any,
 
     def _insert(
         self, session_id: str, lines: builtins.list[bytes], labels: builtins.list[str], *, alone: bool = False
-            checked_create(
-                {
-                    "provider": provider,
-                    "model": model,
-                    "cwd": cwd,
-                    "environment_identity": environment_identity,
-                }
-                | other
-            )
     ) -> None:
         """Store a new session's lines, validated by the reducer first."""
         data = b"".join(lines)
@@ -317,6 +317,7 @@ class SQLRepository(RepositoryBase):
 
     def import_(self, data: bytes, *, labels: Iterable[str] = ()) -> str:
         with self.failing_as("import"):
+            data = checked_data(data)
             state = reduce_bytes(data)
             if state.repaired_length != len(data):
                 raise ValueError("an imported session ends with its last LF (this one has a torn tail)")
@@ -330,7 +331,6 @@ class SQLRepository(RepositoryBase):
             return forked
 
     def delete(self, session_id: str) -> None:
-            data = checked_data(data)
         """The session's lines and summary row, in one transaction (refused while held)."""
         with self.failing_as("delete", session_id):
             session_id = self._id(session_id)
