@@ -332,6 +332,11 @@ def test_a_non_secret_argument_of_the_user_is_shown_as_typed(
     assert run.code == 2 and "sqlite://host/x.db" in run.err, run.err
     run = cli("inspect", "x.jsonl", "--backend", "bogus")
     assert run.code == 2 and "unknown backend 'bogus'" in run.err, run.err
+    _session_in("sqlite:///r.db")
+    run = cli("ls", "sqlite:///r.db", "--cursor", "bogus")
+    assert run.code == 2 and "'bogus'" in run.err, run.err
+    run = cli("ls", "sqlite:///r.db#x")
+    assert run.code == 2 and "sqlite:///r.db#x" in run.err and "a string of" not in run.err, run.err
     run = cli("ls", f"sqlite://u:{PASSWORD}@host/x.db")
     assert run.code == 2 and PASSWORD not in run.err and "sqlite://u:***@host/x.db" in run.err, run.err
 

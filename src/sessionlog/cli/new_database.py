@@ -24,7 +24,7 @@ from .sessions import open_repository, sqlite_file
 def writing_into(location: str, registry: Registry) -> Iterator[Any]:
     """The repository at `location`, made when missing (a new SQLite database aside, as above)."""
     file = sqlite_file(location)
-    if file is None or os.path.lexists(file):
+    if file is None or "#" in location or os.path.lexists(file):  # refused or opened as it is
         with open_repository(location, registry, create=True) as repository:
             yield repository
         return

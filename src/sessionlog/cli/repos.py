@@ -16,7 +16,7 @@ from ..maintenance import remove_stale_copies, write_into_place
 from ..plugins.registry import Registry
 from .describe import created_text
 from .new_database import writing_into
-from .output import PROG, out, out_json
+from .output import PROG, out, out_json, typed
 from .sessions import UsageError, in_repository, open_repository
 
 
@@ -144,6 +144,20 @@ def _limit(text: str) -> int:
     return value
 
 
+def _cursor(text: str) -> str:
+    """`--cursor`: the CURSOR a "more sessions" line gave, checked as the listing checks it and
+    refused quoting the user's own argument."""
+    from ..repositories.info import Filters
+
+    try:
+        Filters(cursor=text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a cursor of this listing (the CURSOR of a 'more sessions' line): {typed(text)}"
+        ) from None
+    return text
+
+
 def add_commands(commands: Any) -> None:
     """The repository commands, on the main parser's subcommands."""
     sub = commands.add_parser("ls", help="list the sessions of a repository, newest first")
@@ -169,6 +183,7 @@ def add_commands(commands: Any) -> None:
     sub.add_argument(
         "--cursor",
         metavar="CURSOR",
+        type=_cursor,
         help="continue a listing after the last row shown (the CURSOR its 'more sessions' line gave)",
     )
     sub.add_argument(

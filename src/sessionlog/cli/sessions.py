@@ -128,6 +128,10 @@ def open_repository(location: str, registry: Registry, *, create: bool = False) 
             "a SQLite URL is sqlite:///relative/path.db or sqlite:////absolute/path.db, "
             f"not {masked(location)}"
         )
+    if sqlite_file(location) is not None and "#" in location:  # `ls sqlite:///r.db#x`
+        raise UsageError(
+            f"{masked(location)}: a repository is named without '#...' (a '#' in a file's name is %23)"
+        )
     try:
         return repository(location, registry=registry, create=create)
     except RepositoryNotFoundError:
