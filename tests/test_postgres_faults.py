@@ -238,6 +238,48 @@ def test_the_async_writer_replaces_a_connection_dropped_while_idle(
     asyncio.run(main())
 
 
+def test_an_async_batch_whose_connection_breaks_at_commit_is_an_unknown_outcome(
+    postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer's backend is terminated as its COMMIT is sent: that batch is poisoned as an
+    unknown outcome (never retried: it may have landed), and every session goes on."""
+    import psycopg
+
+    url = postgres_server.new_database()
+    real_commit = psycopg.Connection.commit
+    broken: list[int] = []
+
+    def commit_on_a_terminated_backend(connection: Any) -> None:
+        if not broken:
+            broken.append(connection.info.backend_pid)
+            sql(url, "select pg_terminate_backend(%s)", connection.info.backend_pid)
+        real_commit(connection)
+
+    async def main() -> None:
+        repo = await sessionlog.repository_async(url)
+        first, second = await repo.create(**HEADER), await repo.create(**HEADER)
+        await first.commit(F.accept_prompt("first"))
+        await second.commit(F.accept_prompt("second"))
+        first_id = (await first.load()).session_id
+        monkeypatch.setattr(psycopg.Connection, "commit", commit_on_a_terminated_backend)
+        with pytest.raises(sessionlog.StorePoisonedError) as caught:
+            await first.commit([F.user_message("in flight")])
+        assert isinstance(caught.value.__cause__, sessionlog.CommitOutcomeUnknownError), (
+            caught.value.__cause__
+        )
+        await second.commit([F.user_message("goes on")])
+        await first.close()
+        reopened = await repo.open(first_id)
+        assert [m["content"] for m in (await reopened.load()).transcript] == ["first"]  # it had not landed
+        await reopened.commit([F.user_message("reopened")])
+        await reopened.close()
+        await second.close()
+        await repo.close()
+
+    asyncio.run(main())
+    assert len(broken) == 1
+
+
 def test_a_sync_store_used_after_its_repository_closed_was_not_written(
     postgres_server: PostgresServer,
 ) -> None:
