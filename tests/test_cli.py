@@ -651,3 +651,22 @@ def test_the_cli_runs_as_a_module_and_as_the_console_script(tmp_path: Path) -> N
     listed = subprocess.run([script, "backends"], capture_output=True, text=True, check=False)
     assert listed.returncode == 0
     assert "jsonl" in listed.stdout
+
+
+HEADER_ARGS = {"provider": "p", "model": "m", "cwd": "/", "environment_identity": "e"}
+
+
+def test_an_unknown_header_key_is_named_when_it_is_a_short_word(cli: Any, tmp_path: Path) -> None:
+    secret = "sk-proj-" + "Q7x9" * 12  # a key-shaped string as a key: never shown whole
+    for key, named in (("x", "['x']"), ("enviroment_identity", "['enviroment_identity']"), (secret, None)):
+        path = tmp_path / "s.jsonl"
+        header = json.loads(sessionlog.encode_header(**HEADER_ARGS))
+        header[key] = 1
+        path.write_text(json.dumps(header) + "\n")
+        run = cli("verify", path)
+        assert run.code == 1, run.err
+        assert "unknown header keys" in run.err, run.err
+        if named is None:
+            assert secret not in run.err and secret[:20] not in run.err, run.err
+        else:
+            assert f"unknown header keys {named}" in run.err, run.err

@@ -141,10 +141,15 @@ def fail(code: str, line: int, seq: int | None, detail: str) -> ContractError:
     return ContractError(code, line, seq, detail)
 
 
+_KEY_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,23}")
+
+
 def key_names(keys: Iterable[str]) -> str:
     """Unknown keys for a message: at most five, each cut short (a key may be a megabyte long)."""
     names = sorted(keys)
-    shown_names = ", ".join(shown(name) for name in names[:5])
+    # A key is a field's name, not a value: a short word is named (a typo, `enviroment_identity`),
+    # anything longer or stranger bounded by `shown` (a 40-character key-shaped one stays hidden).
+    shown_names = ", ".join(repr(name) if _KEY_WORD.fullmatch(name) else shown(name) for name in names[:5])
     return f"[{shown_names}{f' and {len(names) - 5} more' if len(names) > 5 else ''}]"
 
 
