@@ -9,7 +9,7 @@
     sessionlog recover FILE --current CONFIG.json [--backend NAME] [--dry-run] [--json]
     sessionlog abort FILE --current CONFIG.json [--phase {model,tool,compact}] [--backend NAME] [--json]
     sessionlog convert SRC DST --to BACKEND [--backend NAME]   (or SRC REPOSITORY)
-    sessionlog ls LOCATION [--status S] [--label L] [--limit N] [--json]
+    sessionlog ls LOCATION [--status S] [--label L] [--limit N] [--cursor CURSOR] [--json]
     sessionlog export LOCATION#SESSION_ID [-o FILE]
     sessionlog import LOCATION FILE [--label L]
     sessionlog fork LOCATION#SESSION_ID --at SEQ
@@ -19,8 +19,12 @@ A session inside a repository (a directory, `sqlite:///relative.db`, `sqlite:///
 `postgresql://USER@HOST/DATABASE`) is `LOCATION#SESSION_ID`; the read-only commands (inspect,
 verify, reduce, plan) and recover and abort take that too. A missing repository is a usage error
 (exit 2: "LOCATION: no such repository") and nothing is created, for every command but import and
-convert, which make the repository they write into. A location is printed as given, its password
-masked (`repositories.locations.masked`) on stdout and stderr alike.
+convert, which make the repository they write into (a new SQLite database only once the write
+succeeded: a killed or failed one leaves none). A location is printed as given, its password
+masked (`repositories.locations.masked`) on stdout and stderr alike; session data (titles,
+labels, JSON output) is printed as it is, and a driver's message is masked of every form of the
+password. `ls` prints at most --limit rows (100); when there are more it says so on stderr with
+the --cursor that continues.
 
 Every command that reads a session also takes `--progress {auto,always,never}` (stderr; rich
 when installed, plain text otherwise; `auto`: large sessions on a terminal).
