@@ -124,8 +124,10 @@ def test_closing_the_repository_before_its_stores_never_hangs(
         session_id = (await store.load()).session_id
         await repo.close()
         # generous bounds: only a hang detector, never a timing verdict
-        with pytest.raises((sessionlog.StoreClosedError, sessionlog.StorePoisonedError)):
+        with pytest.raises((sessionlog.StoreClosedError, sessionlog.StorePoisonedError)) as caught:
             await asyncio.wait_for(store.commit([F.user_message("after the close")]), 60)
+        assert "may or may not" not in str(caught.value)  # nothing was sent: known, and said
+        assert "not written" in str(caught.value)
         await asyncio.wait_for(store.close(), 60)
         with pytest.raises(sessionlog.SessionLogError):
             await asyncio.wait_for(repo.list(), 60)

@@ -36,7 +36,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from .commit import CommitPipeline, Prepared
-from .errors import StoreClosedError, shown
+from .errors import SessionChangedError, StoreClosedError, shown
 from .framing import DEFAULT_MAX_LINE_BYTES, NUL_WINDOW
 from .state import SessionState
 from .store import AsyncBackend, BackendInfo, StoreStatus, check_max_line_bytes, reduce_stored
@@ -321,13 +321,16 @@ class AsyncSessionStore(StoreStatus):
             self._poisoned = error
         else:
             self._closed = True  # the loop is going away; the file holds exactly what was acknowledged
+        # Refused before anything was sent (the hold was lost, the repository closed): known.
+        unwritten = isinstance(error, SessionChangedError | StoreClosedError)
+        outcome = "was not written" if unwritten else "may or may not be on disk (reopen to find out)"
         for prepared, future in batch:
             if not future.done():
                 what = "the writer was cancelled during this write" if cancelled else "this write failed"
                 future.set_exception(
                     self._poison_error(
                         f"seq {prepared.facts[0]['seq']}: {what} ({error!r}); the store is poisoned and "
-                        "this commit may or may not be on disk (reopen to find out)"
+                        f"this commit {outcome}"
                     )
                 )
         for prepared, future in queued:
