@@ -13,8 +13,15 @@ import sessionlog
 
 pytest_plugins = ["sessionlog.testing.plugin"]  # the conformance suite's fixtures (opt-in)
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "contract" / "schemas" / "session"
+# The shared contract (another project's data, read in place, never copied): ../shared/contract,
+# or the folder SESSIONLOG_CONTRACT names. Absent, its tests are skipped, and said so loudly (the
+# header and the summary count them); SESSIONLOG_REQUIRE_CONTRACT=1 (CI) makes that a failure.
+CONTRACT = Path(
+    os.environ.get("SESSIONLOG_CONTRACT") or Path(__file__).resolve().parents[2] / "shared" / "contract"
+)
+SHARED = CONTRACT / "schemas" / "session"
 FIXTURES = SHARED / "fixtures"
+ABSENT = f"the shared contract fixtures are absent ({FIXTURES}): point SESSIONLOG_CONTRACT at shared/contract"
 PLANNER_FIXTURES = SHARED / "planner-fixtures"
 OWN_FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -40,17 +47,43 @@ def budgets(short: int, long: int, soak: int | None = None) -> list[Any]:
     ]
 
 
-needs_shared = pytest.mark.skipif(
-    not FIXTURES.is_dir(), reason=f"the shared contract fixtures are absent ({FIXTURES})"
-)
+needs_shared = pytest.mark.skipif(not FIXTURES.is_dir(), reason=ABSENT)
 
 
-def shared_manifest(folder: Path) -> list[dict[str, Any]]:
-    """Manifest entries of a shared fixture folder; empty when ../shared is absent (tests skip)."""
+def shared_manifest(folder: Path) -> list[Any]:
+    """Manifest entries of a shared fixture folder; when it is absent, one skipped case saying
+    so (so that the summary counts it, instead of an empty parametrization nobody sees)."""
     manifest = folder / "manifest.json"
     if not manifest.is_file():
-        return []
+        return [pytest.param({"name": "absent"}, id="absent", marks=pytest.mark.skip(reason=ABSENT))]
     return json.loads(manifest.read_text())["fixtures"]  # type: ignore[no-any-return]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not FIXTURES.is_dir() and os.environ.get("SESSIONLOG_REQUIRE_CONTRACT"):
+        raise pytest.UsageError(f"SESSIONLOG_REQUIRE_CONTRACT is set and {ABSENT}")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if FIXTURES.is_dir():
+        return f"contract fixtures: {FIXTURES}"
+    return f"CONTRACT FIXTURES ABSENT: {ABSENT}; every contract test is skipped"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if FIXTURES.is_dir():
+        return
+    skipped = [
+        report
+        for report in terminalreporter.stats.get("skipped", [])
+        if "fixtures are absent" in str(getattr(report, "longrepr", ""))
+    ]
+    terminalreporter.write_line(
+        f"{len(skipped)} contract tests were skipped, each standing for every fixture of the "
+        f"contract: {ABSENT}",
+        red=True,
+        bold=True,
+    )
 
 
 # -- shared by the async tests -------------------------------------------------------------------
