@@ -117,7 +117,8 @@ def cmd_migrate(args: argparse.Namespace, registry: Registry) -> int:
     needs only SELECT, INSERT, UPDATE, DELETE)."""
     if not args.location.startswith(("postgresql://", "postgres://")):
         raise UsageError(f"migrate is for PostgreSQL repositories (postgresql://...), not {args.location}")
-    from ..repositories.postgres import SCHEMA_VERSION, PostgresRepository
+    from ..repositories.postgres import PostgresRepository
+    from ..repositories.postgres_schema import SCHEMA_VERSION
 
     repository = PostgresRepository(args.location)
     found = repository.found_version

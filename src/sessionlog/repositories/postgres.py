@@ -54,7 +54,6 @@ from typing import Any, Literal
 
 from ..core.errors import (
     CommitOutcomeUnknownError,
-    DurabilityUnavailableError,
     RepositoryError,
     RepositoryNotFoundError,
     SessionChangedError,
@@ -67,39 +66,10 @@ from ..core.errors import (
 from ..core.store import BackendInfo, SessionStore
 from .leases import Heartbeat, Key
 from .locations import mask_in, masked
+from .postgres_schema import check_class, migrate_schema
 from .rows import SessionRows
 from .sql import SQLRepository, gone, statements
 
-SCHEMA_VERSION = 1
-STEPS = (
-    # 1: the design's schema, lines byte for byte
-    """
-    create schema if not exists sessionlog;
-    create table sessionlog.schema_version (version integer not null);
-    create table sessionlog.sessions (
-        session_id text primary key,
-        created_at bigint not null,
-        updated_at bigint not null,
-        head_line integer not null,
-        head_bytes bigint not null,
-        summary text not null,
-        labels text not null default '[]',
-        idle boolean not null default true,
-        writer text,
-        writer_epoch bigint not null default 0,
-        lease_expires_at timestamptz
-    );
-    create index sessions_by_update on sessionlog.sessions (updated_at, session_id);
-    create index sessions_open on sessionlog.sessions (updated_at) where not idle;
-    create table sessionlog.lines (
-        session_id text not null references sessionlog.sessions (session_id) on delete cascade,
-        line_no integer not null,
-        line bytea not null,
-        primary key (session_id, line_no)
-    )
-    """,
-)
-_LOCK = 0x5E5510_6  # pg_advisory_xact_lock key of sessionlog's migrations
 INFOS = {
     "power": BackendInfo("postgres", "power", "sync", "PostgreSQL, synchronous_commit=on"),
     "replicated": BackendInfo(
@@ -207,8 +177,10 @@ class PostgresRepository(SQLRepository):
         self.heartbeat = Heartbeat(self._renew, self.lease_seconds, self.path)
         try:
             with self.failing_as("open the repository"), self.pool.connection() as connection:
-                self._check_class(connection, durability)
-                self._migrate(connection, run=migrate, create=create)
+                check_class(connection, durability, self.path)
+                self.found_version = migrate_schema(
+                    self.transaction, connection, self.path, run=migrate, create=create
+                )
         except BaseException:
             self.close()
             raise
@@ -264,82 +236,6 @@ class PostgresRepository(SQLRepository):
             name="sessionlog",
         )
         return display
-
-    def _check_class(self, connection: Any, durability: str) -> None:
-        def show(name: str) -> str:
-            return str(connection.execute(f"show {name}").fetchone()[0])
-
-        if show("fsync") != "on":
-            raise DurabilityUnavailableError(f"{self.path}: the server runs with fsync=off: no class holds")
-        level = show("synchronous_commit")
-        if level not in (
-            ("on", "remote_apply")
-            if durability == "replicated"
-            else ("on", "remote_apply", "remote_write", "local")
-        ):
-            raise DurabilityUnavailableError(
-                f"{self.path}: synchronous_commit is {level!r}, too weak for the {durability} class "
-                "(ALTER ROLE ... SET synchronous_commit = on)"
-            )
-        if durability == "replicated":
-            if not show("synchronous_standby_names"):
-                raise DurabilityUnavailableError(
-                    f"{self.path}: the replicated class needs a synchronous standby, and "
-                    "synchronous_standby_names is empty"
-                )
-            connected = connection.execute(
-                "select count(*) from pg_stat_replication where sync_state in ('sync', 'quorum')"
-            ).fetchone()[0]
-            if not connected:
-                raise DurabilityUnavailableError(
-                    f"{self.path}: no synchronous standby is connected (pg_stat_replication; the role "
-                    "needs pg_monitor to see it)"
-                )
-
-    def _migrate(self, connection: Any, *, run: bool, create: bool = True) -> None:
-        """Bring the schema to SCHEMA_VERSION under the advisory lock (or, with `run=False`,
-        only check it is there: the runtime role may lack the rights to change it). With
-        `create=False` nothing is written: no schema is RepositoryNotFoundError."""
-        run = run and create
-        with self.transaction(connection) as open_connection:
-            if run:
-                open_connection.execute("select pg_advisory_xact_lock(%s)", (_LOCK,))
-            version_table, sessions = open_connection.execute(
-                "select to_regclass('sessionlog.schema_version'), to_regclass('sessionlog.sessions')"
-            ).fetchone()
-            if version_table is None and sessions is not None:
-                raise SessionPathError(
-                    0, f"{self.path}: sessionlog.sessions is another application's table; nothing was changed"
-                )
-            found = self.found_version = 0
-            if version_table is None and not create:
-                raise RepositoryNotFoundError(
-                    errno.ENOENT,
-                    f"no sessionlog repository in {self.path} (no schema sessionlog); nothing was created",
-                    self.path,
-                )
-            if version_table is not None:
-                found = open_connection.execute(
-                    "select max(version) from sessionlog.schema_version"
-                ).fetchone()[0]
-            self.found_version = found
-            if found > len(STEPS):
-                raise SessionPathError(
-                    0, f"{self.path}: schema version {found} is newer than this sessionlog"
-                )
-            if found == len(STEPS):
-                return
-            if not run:
-                raise SessionPathError(
-                    0,
-                    f"{self.path}: the schema is at version {found}, not {len(STEPS)}: "
-                    "run `sessionlog migrate URL`",
-                )
-            for step in STEPS[found:]:
-                for statement in filter(str.strip, step.split(";")):
-                    open_connection.execute(statement)
-            open_connection.execute("delete from sessionlog.schema_version")
-            open_connection.execute("insert into sessionlog.schema_version values (%s)", (len(STEPS),))
 
     def close(self) -> None:
         """Stop renewing leases and release the sessions still held (their stores are refused
