@@ -92,6 +92,21 @@ _HELD = "unnest(%s::text[], %s::bigint[]) as h (session_id, epoch)"
 _MINE = "s.session_id = h.session_id and s.writer_epoch = h.epoch and s.writer = %s"
 
 
+# psycopg_pool retries a failed connection attempt with a doubling delay (1, 2, 4, 8 s ...) for
+# its reconnect_timeout (5 minutes by default), one attempt at a time: a server down a few
+# seconds left calls waiting their whole timeout although it was back (found by the fault
+# harness, `testing.nemesis`). Here an attempt gives up after 2 s and a fresh one starts at once,
+# so a call is served within about a second of the server's return, and a server that stays down
+# costs one connection attempt a second.
+_RECONNECT_SECONDS = 2.0
+
+
+def _reconnect_afresh(pool: Any) -> None:
+    with contextlib.suppress(Exception):  # a closed pool: nothing to grow
+        if not pool.closed:
+            pool.check()  # grows the pool again: a new attempt, its delays from the start
+
+
 def _import_psycopg() -> Any:
     try:
         import psycopg
@@ -176,7 +191,7 @@ class PostgresRepository(SQLRepository):
             self.path = self._own_pool(str(location), max_connections, create=create)
         self.heartbeat = Heartbeat(self._renew, self.lease_seconds, self.path)
         try:
-            with self.failing_as("open the repository"), self.pool.connection() as connection:
+            with self.failing_as("open the repository"), self.lent() as connection:
                 check_class(connection, durability, self.path)
                 self.found_version = migrate_schema(
                     self.transaction, connection, self.path, run=migrate, create=create
@@ -191,6 +206,8 @@ class PostgresRepository(SQLRepository):
         Pooled connections are checked as they are lent, so a pool outlives a server restart."""
         from psycopg_pool import ConnectionPool
 
+        self._returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+        self._returned_lock = threading.Lock()
         problem = None
         try:
             with self.psycopg.connect(location, connect_timeout=10) as probe:
@@ -207,35 +224,56 @@ class PostgresRepository(SQLRepository):
         def configure(connection: Any) -> None:
             connection.autocommit = True
 
-        # The connections a server restart, a failover or `pg_terminate_backend` broke are
-        # replaced, not lent to fail one call each: a connection is checked with a round trip
-        # before it is lent when the server spoke on it while it was idle (its socket is readable:
-        # the FATAL notice or end of a terminated backend) or it sat idle a while. One lent again
-        # at once, with nothing to read, is used as it is (the hot path: one round trip a commit).
-        returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
-        lock = threading.Lock()
-
-        def reset(connection: Any) -> None:
-            with lock:
-                returned[connection] = time.monotonic()
-
-        def check(connection: Any) -> None:
-            with lock:
-                since = returned.pop(connection, None)
-            if since is None or time.monotonic() - since > _IDLE_CHECKED or _readable(connection):
-                ConnectionPool.check_connection(connection)
-
         self.pool = ConnectionPool(
             location,
             min_size=1,
             max_size=max_connections,
             configure=configure,
-            reset=reset,
-            check=check,
+            reset=self._returned_now,
             open=True,
             name="sessionlog",
+            reconnect_timeout=_RECONNECT_SECONDS,
+            reconnect_failed=_reconnect_afresh,
         )
         return display
+
+    # The connections a server restart, a failover or `pg_terminate_backend` broke are replaced,
+    # not lent to fail one call each: a connection of this repository's own pool is checked with a
+    # round trip before it is lent when the server spoke on it while it was idle (its socket is
+    # readable: the FATAL notice or end of a terminated backend) or it sat idle a while. One lent
+    # again at once, with nothing to read, is used as it is (the hot path: one round trip a
+    # commit). The check is made here, not by the pool's `check` callback: psycopg_pool sleeps a
+    # doubling delay (1, 2, 4, 8, 16 s) after each connection its check refused, so a burst of
+    # terminated connections left calls waiting 30 s beside fresh connections (found by the fault
+    # harness, `testing.nemesis`). A refused connection goes back broken (the pool replaces it).
+
+    def _returned_now(self, connection: Any) -> None:
+        with self._returned_lock:
+            self._returned[connection] = time.monotonic()
+
+    @contextlib.contextmanager
+    def lent(self, timeout: float | None = None) -> Iterator[Any]:
+        """A sound connection from the pool for the `with` block, given back after it."""
+        if not self.owns_pool:
+            with self.pool.connection(timeout=timeout) as connection:
+                yield connection
+            return
+        deadline = time.monotonic() + (self.pool.timeout if timeout is None else timeout)
+        while True:
+            connection = self.pool.getconn(timeout=max(0.0, deadline - time.monotonic()))
+            with self._returned_lock:
+                since = self._returned.pop(connection, None)
+            if since is not None and time.monotonic() - since <= _IDLE_CHECKED and not _readable(connection):
+                break
+            try:
+                self.pool.check_connection(connection)
+                break
+            except Exception:
+                self.pool.putconn(connection)  # broken: closed, and replaced by the pool
+        try:
+            yield connection
+        finally:
+            self.pool.putconn(connection)
 
     def close(self) -> None:
         """Stop renewing leases and release the sessions still held (their stores are refused
@@ -247,7 +285,7 @@ class PostgresRepository(SQLRepository):
         if held and self.pool is not None and not self.pool.closed:
             with (
                 contextlib.suppress(Exception),
-                self.pool.connection(timeout=self.lease_seconds / 3) as connection,
+                self.lent(timeout=self.lease_seconds / 3) as connection,
             ):
                 connection.execute(self.row_sql["release_all"], (*_columns(held), self.me))
         if self.owns_pool and self.pool is not None:
@@ -262,7 +300,7 @@ class PostgresRepository(SQLRepository):
     def _renew(self, keys: list[Key]) -> tuple[set[Key], set[Key]]:
         """The heartbeat's round trip: renew the leases of `keys` still this writer's, skipping
         rows another transaction has locked; which were renewed, which are lost."""
-        with self.pool.connection(timeout=self.lease_seconds / 3) as connection:  # no waiting past a round
+        with self.lent(timeout=self.lease_seconds / 3) as connection:  # no waiting past a round
             kept = {
                 (row[0], int(row[1]))
                 for row in connection.execute(self.row_sql["renew"], (*_columns(keys), self.me))
@@ -301,7 +339,7 @@ class PostgresRepository(SQLRepository):
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[Any]:
-        with self.pool.connection() as connection:
+        with self.lent() as connection:
             yield connection
 
     def usable(self, connection: Any) -> bool:
@@ -334,7 +372,7 @@ class PostgresRepository(SQLRepository):
         """One transaction; COMMIT is sent once and never retried: a connection that breaks
         during it raises CommitOutcomeUnknownError."""
         if connection is None:
-            with self.pool.connection() as pooled, self.transaction(pooled) as open_connection:
+            with self.lent() as pooled, self.transaction(pooled) as open_connection:
                 yield open_connection
             return
         psycopg = self.psycopg
@@ -370,7 +408,7 @@ class PostgresRepository(SQLRepository):
         own transaction, one round trip), else inside a transaction."""
         self.check_hold(rows)
         since = time.monotonic()
-        with self.pool.connection() as connection:
+        with self.lent() as connection:
             if not connection.autocommit:  # a pool the caller configured otherwise
                 with self.transaction(connection) as open_connection:
                     written = rows.write(open_connection, lines)
@@ -539,7 +577,7 @@ class PostgresSession(SessionRows):
             if not repository.closed:
                 with (
                     contextlib.suppress(Exception),
-                    repository.pool.connection(timeout=repository.lease_seconds / 3) as connection,
+                    repository.lent(timeout=repository.lease_seconds / 3) as connection,
                 ):
                     self.release(connection)
 
