@@ -1,0 +1,310 @@
+"""Histories of operations on a repository, and the checker that judges them (Jepsen's way).
+
+Every worker of `sessionlog.testing.nemesis` appends to its own history file, outside the
+repository, one JSON line when it invokes an operation and one when it is told the outcome:
+`ok`, `fail` (a typed refusal that says nothing was done) or `unknown` (it may or may not have
+happened: the outcome of a commit whose connection died, a store poisoned mid-write). Each line
+is one `os.write` to a file opened with O_APPEND, so a SIGKILL never loses a recorded line (the
+histories do not claim to survive power loss: nothing here simulates it). The nemesis records
+its faults in a history of its own.
+
+A commit's value is a token naming its writer process, its hold (one `open`, `create`, `fork`
+or `claim_unfinished` of that process) and a number that grows with every commit the process
+invokes: `w2.0:3:17`. After the run, `check` compares the histories with the messages the
+repository holds (`contents`: session id -> message texts in order) and names every violation:
+
+* `lost`: an acknowledged commit is missing from its session, which was never deleted.
+* `duplicated`: a commit (acknowledged or of unknown outcome) is present more than once.
+* `reordered`: a writer's commits are not in the order it made them.
+* `refused but present`: a commit refused as not written is there.
+* `phantom`: a message no worker ever invoked.
+* `interleaved`: the lines of two holds alternate in one session (two writers in one epoch).
+* `two live writers`: the acknowledgements of two holds of one session alternate in time.
+* `acknowledged after delete`: a commit invoked after a delete of its session returned ok
+  was acknowledged.
+* `untyped error`: an exception that is not a `SessionLogError` reached a caller.
+* `hung`: an operation took longer than `bound` seconds (time its worker spent stopped by the
+  nemesis not counted), or never returned although its worker lived.
+
+Lines copied by a fork keep their tokens: a session's lines of commits made to another session
+must be a prefix of it (the fork's copy) and are not counted there.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+OUTCOMES = ("ok", "fail", "unknown")
+
+
+class Recorder:
+    """One process's history file: `invoke` before an operation, `complete` after it."""
+
+    def __init__(self, path: Path, process: str) -> None:
+        self.process = process
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.index = 0
+
+    def record(self, **fields: Any) -> None:
+        fields.setdefault("t", time.monotonic_ns())
+        os.write(self.fd, orjson.dumps({"p": self.process, **fields}) + b"\n")
+
+    def invoke(self, op: str, session: str | None = None, value: str | None = None) -> int:
+        self.index += 1
+        self.record(i=self.index, type="invoke", op=op, s=session, v=value)
+        return self.index
+
+    def complete(
+        self, index: int, outcome: str, *, session: str | None = None, error: BaseException | None = None
+    ) -> None:
+        fields: dict[str, Any] = {"i": index, "type": outcome}
+        if session is not None:
+            fields["s"] = session
+        if error is not None:
+            from ..core.errors import SessionLogError
+
+            fields["err"] = f"{type(error).__module__}.{type(error).__qualname__}"
+            fields["typed"] = isinstance(error, SessionLogError)
+            fields["msg"] = str(error)[:300]
+        self.record(**fields)
+
+
+def read_histories(directory: Path) -> list[dict[str, Any]]:
+    """Every record of every history file in `directory`; a torn last line (a process killed in
+    its write) is dropped, as an operation that was never recorded."""
+    records: list[dict[str, Any]] = []
+    for path in sorted(directory.glob("*.jsonl")):
+        for line in path.read_bytes().split(b"\n"):
+            if line:
+                try:
+                    records.append(orjson.loads(line))
+                except orjson.JSONDecodeError:
+                    continue
+    return records
+
+
+def token(process: str, hold: int, number: int) -> str:
+    return f"{process}:{hold}:{number}"
+
+
+def parse_token(text: str) -> tuple[str, str, int] | None:
+    """(process, hold, number) of a commit's token; None for any other message."""
+    parts = text.split(":")
+    if len(parts) != 3 or not parts[0].startswith("w") or not parts[2].isdigit():
+        return None
+    return parts[0], f"{parts[0]}:{parts[1]}", int(parts[2])
+
+
+@dataclass
+class Operation:
+    """One invoked operation and what its caller was told (`outcome` None: never told)."""
+
+    process: str
+    index: int
+    op: str
+    session: str | None
+    value: str | None
+    invoked: int
+    outcome: str | None = None
+    completed: int | None = None
+    error: str | None = None
+    typed: bool = True
+
+
+@dataclass
+class CheckReport:
+    operations: int = 0
+    by_op: Counter[str] = field(default_factory=Counter)
+    outcomes: Counter[str] = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)
+    acknowledged: int = 0  # acknowledged commits checked
+    deleted_with_session: int = 0  # acknowledged commits whose session was deleted afterwards
+    unknown_present: int = 0
+    unknown_absent: int = 0
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def lost(self) -> int:
+        return sum(1 for violation in self.violations if violation.startswith("lost"))
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def operations(records: Iterable[Mapping[str, Any]]) -> list[Operation]:
+    """The workers' operations, each invoke paired with its completion (nemesis lines left out)."""
+    found: dict[tuple[str, int], Operation] = {}
+    for record in records:
+        if record.get("type") == "invoke":
+            key = (record["p"], record["i"])
+            found[key] = Operation(
+                record["p"], record["i"], record["op"], record.get("s"), record.get("v"), record["t"]
+            )
+        elif record.get("type") in OUTCOMES:
+            operation = found.get((record["p"], record["i"]))
+            if operation is None:
+                continue
+            operation.outcome = record["type"]
+            operation.completed = record["t"]
+            operation.session = record.get("s", operation.session)
+            operation.error = record.get("err")
+            operation.typed = record.get("typed", True)
+    return list(found.values())
+
+
+def stopped_intervals(records: Iterable[Mapping[str, Any]]) -> dict[str, list[tuple[int, int]]]:
+    """When the nemesis held each process stopped (SIGSTOP to SIGCONT), in monotonic ns."""
+    stops: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for record in records:
+        if record.get("type") == "fault" and record.get("fault") == "stop":
+            stops[record["target"]].append((record["t"], record["until"]))
+    return stops
+
+
+def check(
+    records: Sequence[Mapping[str, Any]],
+    contents: Mapping[str, Sequence[str]],
+    *,
+    bound: float = 30.0,
+    alive: Iterable[str] = (),
+) -> CheckReport:
+    """Judge a run: `records` from `read_histories`, `contents` the repository's sessions at the
+    end (id -> message texts), `alive` the processes that lived to the end (an operation of
+    theirs never completed hung; one of a killed process just never returned)."""
+    report = CheckReport()
+    ops = operations(records)
+    stops = stopped_intervals(records)
+    alive = set(alive)
+    for record in records:
+        if record.get("type") == "fault":
+            report.faults[record["fault"]] += 1
+    report.operations = len(ops)
+    commits: dict[str, Operation] = {}
+    deleted_at: dict[str, int] = {}  # session -> when a delete of it returned ok (earliest)
+    delete_tried: set[str] = set()
+    for operation in ops:
+        report.by_op[operation.op] += 1
+        report.outcomes[operation.outcome or "none"] += 1
+        if not operation.typed:
+            report.violations.append(
+                f"untyped error: {operation.op} of {operation.process} raised {operation.error}"
+            )
+        if operation.completed is None:
+            if operation.process in alive:
+                report.violations.append(f"hung: {operation.op} of {operation.process} never returned")
+        else:
+            paused = sum(
+                max(0, min(end, operation.completed) - max(start, operation.invoked))
+                for start, end in stops.get(operation.process, ())
+            )
+            took = (operation.completed - operation.invoked - paused) / 1e9
+            if took > bound:
+                report.violations.append(
+                    f"hung: {operation.op} of {operation.process} took {took:.1f} s (bound {bound:g} s)"
+                )
+        if operation.op == "commit" and operation.value is not None:
+            commits[operation.value] = operation
+        if operation.op == "delete" and operation.session is not None:
+            if operation.outcome in ("ok", "unknown"):
+                delete_tried.add(operation.session)
+            if operation.outcome == "ok" and operation.completed is not None:
+                deleted_at[operation.session] = min(
+                    deleted_at.get(operation.session, operation.completed), operation.completed
+                )
+
+    # What each session holds: its own lines (after any fork's copied prefix).
+    placed: dict[str, list[str]] = {}
+    for session, texts in contents.items():
+        own: list[str] = []
+        copying = True
+        for text in texts:
+            parsed = parse_token(text)
+            commit = commits.get(text)
+            if parsed is None or commit is None:
+                report.violations.append(f"phantom: {text!r} in session {session} was never invoked")
+                continue
+            if commit.session != session:
+                if not copying:
+                    report.violations.append(
+                        f"phantom: {text!r} of session {commit.session} stands in {session} "
+                        "after its own lines"
+                    )
+                continue
+            copying = False
+            own.append(text)
+        placed[session] = own
+
+    seen: Counter[str] = Counter(text for own in placed.values() for text in own)
+    for text, times in seen.items():
+        if times > 1:
+            report.violations.append(f"duplicated: {text!r} is present {times} times")
+    for value, commit in commits.items():
+        present = seen[value] > 0
+        session = commit.session or ""
+        if commit.outcome == "ok":
+            report.acknowledged += 1
+            gone = deleted_at.get(session)
+            if gone is not None and commit.invoked > gone:
+                report.violations.append(
+                    f"acknowledged after delete: {value!r} was invoked after session {session} was deleted"
+                )
+            if not present:
+                if session not in contents and session in delete_tried:
+                    report.deleted_with_session += 1
+                else:
+                    report.violations.append(
+                        f"lost: acknowledged {value!r} is missing from session {session}"
+                    )
+        elif commit.outcome == "fail" and present:
+            report.violations.append(f"refused but present: {value!r} was refused as not written")
+        elif commit.outcome in ("unknown", None):  # None: its process was killed before it was told
+            if present:
+                report.unknown_present += 1
+            else:
+                report.unknown_absent += 1
+
+    for session, own in placed.items():
+        order: dict[str, int] = {}
+        holds: list[str] = []
+        for text in own:
+            parsed = parse_token(text)
+            assert parsed is not None
+            process, hold, number = parsed
+            if number <= order.get(process, -1):
+                report.violations.append(
+                    f"reordered: {text!r} in session {session} after a later commit of {process}"
+                )
+            order[process] = max(number, order.get(process, -1))
+            if not holds or holds[-1] != hold:
+                if hold in holds:
+                    report.violations.append(
+                        f"interleaved: hold {hold} wrote to session {session} again after hold {holds[-1]}"
+                    )
+                holds.append(hold)
+
+    acknowledged: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    for value, commit in commits.items():
+        if commit.outcome == "ok" and commit.completed is not None and commit.session is not None:
+            parsed = parse_token(value)
+            assert parsed is not None
+            acknowledged[commit.session].append((commit.completed, parsed[1]))
+    for session, acks in acknowledged.items():
+        holds = []
+        for _, hold in sorted(acks):
+            if not holds or holds[-1] != hold:
+                if hold in holds:
+                    report.violations.append(
+                        f"two live writers: hold {hold} of session {session} was acknowledged again "
+                        f"after hold {holds[-1]} was"
+                    )
+                holds.append(hold)
+    return report
