@@ -125,6 +125,7 @@ class CheckReport:
     by_op: Counter[str] = field(default_factory=Counter)
     outcomes: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)  # typed failures told to callers, by class
     acknowledged: int = 0  # acknowledged commits checked
     deleted_with_session: int = 0  # acknowledged commits whose session was deleted afterwards
     unknown_present: int = 0
@@ -194,6 +195,8 @@ def check(
     for operation in ops:
         report.by_op[operation.op] += 1
         report.outcomes[operation.outcome or "none"] += 1
+        if operation.error is not None:
+            report.errors[operation.error.rsplit(".", 1)[-1]] += 1
         if not operation.typed:
             report.violations.append(
                 f"untyped error: {operation.op} of {operation.process} raised {operation.error}"

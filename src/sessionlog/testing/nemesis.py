@@ -477,7 +477,8 @@ def summary(report: FaultHarnessReport) -> str:
         f"faults: {faults}; {result.acknowledged} acknowledged commits checked, "
         f"{result.unknown_present + result.unknown_absent} unknown outcomes resolved "
         f"({result.unknown_present} present, {result.unknown_absent} absent), lost {result.lost}, "
-        f"{len(result.violations)} violations: {'ok' if report.ok else 'FAILED'}"
+        f"{len(result.violations)} violations: {'ok' if report.ok else 'FAILED'}; typed failures told: "
+        + (", ".join(f"{name} {n}" for name, n in result.errors.most_common()) or "none")
     )
 
 
