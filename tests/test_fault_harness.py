@@ -295,3 +295,24 @@ def test_calls_go_on_beside_a_burst_of_terminated_connections(own_server: Postgr
         killer.join()
         print(f"{calls} calls beside the terminations, the slowest {worst:.2f} s")
         assert worst < 2, f"a call waited {worst:.1f} s for a connection beside terminated ones"
+
+
+def test_a_connection_interrupted_in_its_check_is_given_back(
+    own_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check `lent()` makes is the repository's own now: a KeyboardInterrupt in it must not
+    leak the connection (with one connection, the next call would wait out its timeout)."""
+    with sessionlog.repository(own_server.new_database(), max_connections=1) as repo:
+        repo.list()
+        time.sleep(1.2)  # idle past the unchecked second: the next lending checks it
+        real = type(repo.pool).check_connection
+
+        def interrupted(connection: Any) -> None:
+            monkeypatch.setattr(type(repo.pool), "check_connection", real)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(type(repo.pool), "check_connection", staticmethod(interrupted))
+        with pytest.raises(KeyboardInterrupt):
+            repo.list()
+        with repo.lent(timeout=5) as connection:  # PoolTimeout here if it leaked
+            assert connection.execute("select 1").fetchone() == (1,)

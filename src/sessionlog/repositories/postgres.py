@@ -269,7 +269,11 @@ class PostgresRepository(SQLRepository):
                 self.pool.check_connection(connection)
                 break
             except Exception:
-                self.pool.putconn(connection)  # broken: closed, and replaced by the pool
+                connection.close()
+                self.pool.putconn(connection)  # closed: the pool replaces it
+            except BaseException:  # interrupted mid-check: given back, not leaked
+                self.pool.putconn(connection)
+                raise
         try:
             yield connection
         finally:
