@@ -167,19 +167,22 @@ def tiny_disk(tmp_path: Path) -> Any:
         unmount(folder)
 
 
-@pytest.fixture(scope="session")
-def postgres_server() -> Any:
+def start_postgres() -> Any:
     """A throwaway PostgreSQL cluster (`sessionlog.testing.postgres`). Skipped with the reason when
     none can be had here, unless SESSIONLOG_REQUIRE_POSTGRES is set (CI): then it fails."""
-    import os
-
     from sessionlog.testing.postgres import PostgresServer, PostgresUnavailable
 
     try:
-        server = PostgresServer.start()
+        return PostgresServer.start()
     except (PostgresUnavailable, ModuleNotFoundError) as error:
         if os.environ.get("SESSIONLOG_REQUIRE_POSTGRES"):
             pytest.fail(f"PostgreSQL is required (SESSIONLOG_REQUIRE_POSTGRES) and cannot start: {error}")
         pytest.skip(f"no PostgreSQL server can be started here: {error}")
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Any:
+    """The tests' shared throwaway server (`start_postgres`)."""
+    server = start_postgres()
     yield server
     server.stop()

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 import sessionlog
-from conftest import budgets
+from conftest import budgets, start_postgres
 from sessionlog.testing.histories import check, parse_token, read_histories
 from sessionlog.testing.nemesis import faketime_library, read_contents, run_fault_harness, summary
 from sessionlog.testing.postgres import PostgresServer
@@ -50,14 +50,7 @@ def _judged(report: Any) -> None:
 @pytest.fixture(scope="module")
 def own_server() -> Iterator[PostgresServer]:
     """A server of this module's own: the nemesis kills and restarts it."""
-    from sessionlog.testing.postgres import PostgresUnavailable
-
-    try:
-        server = PostgresServer.start()
-    except (PostgresUnavailable, ModuleNotFoundError) as error:
-        if os.environ.get("SESSIONLOG_REQUIRE_POSTGRES"):
-            pytest.fail(f"PostgreSQL is required (SESSIONLOG_REQUIRE_POSTGRES) and cannot start: {error}")
-        pytest.skip(f"no PostgreSQL server can be started here: {error}")
+    server = start_postgres()
     yield server
     server.stop()
 
