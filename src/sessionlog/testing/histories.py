@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import time
+import traceback
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -74,6 +75,11 @@ class Recorder:
             fields["err"] = f"{type(error).__module__}.{type(error).__qualname__}"
             fields["typed"] = isinstance(error, SessionLogError)
             fields["msg"] = str(error)[:300]
+            if not fields["typed"]:  # where it was raised: the innermost frames
+                frames = traceback.extract_tb(error.__traceback__)[-3:]
+                fields["where"] = " < ".join(
+                    f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames)
+                )
         self.record(**fields)
 
 
@@ -117,6 +123,7 @@ class Operation:
     completed: int | None = None
     error: str | None = None
     typed: bool = True
+    message: str = ""
 
 
 @dataclass
@@ -159,6 +166,7 @@ def operations(records: Iterable[Mapping[str, Any]]) -> list[Operation]:
             operation.session = record.get("s", operation.session)
             operation.error = record.get("err")
             operation.typed = record.get("typed", True)
+            operation.message = f"{record.get('msg', '')} at {record['where']}" if "where" in record else ""
     return list(found.values())
 
 
@@ -199,7 +207,8 @@ def check(
             report.errors[operation.error.rsplit(".", 1)[-1]] += 1
         if not operation.typed:
             report.violations.append(
-                f"untyped error: {operation.op} of {operation.process} raised {operation.error}"
+                f"untyped error: {operation.op} of {operation.process} raised {operation.error}: "
+                + operation.message
             )
         if operation.completed is None:
             if operation.process in alive:
@@ -217,7 +226,7 @@ def check(
         if operation.op == "commit" and operation.value is not None:
             commits[operation.value] = operation
         if operation.op == "delete" and operation.session is not None:
-            if operation.outcome in ("ok", "unknown"):
+            if operation.outcome in ("ok", "unknown", None):  # None: killed before it was told
                 delete_tried.add(operation.session)
             if operation.outcome == "ok" and operation.completed is not None:
                 deleted_at[operation.session] = min(
@@ -294,20 +303,26 @@ def check(
                     )
                 holds.append(hold)
 
-    acknowledged: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    # Two live writers: a hold whose commit was *invoked* after a later hold's first commit was
+    # acknowledged, and was acknowledged too. (One acknowledged after the other's acknowledgement
+    # but invoked before it is no proof: its process may have been stopped between the commit
+    # landing and hearing so, and the lines' order, checked above, says which came first.)
+    by_hold: dict[str, dict[str, list[Operation]]] = defaultdict(lambda: defaultdict(list))
     for value, commit in commits.items():
         if commit.outcome == "ok" and commit.completed is not None and commit.session is not None:
             parsed = parse_token(value)
             assert parsed is not None
-            acknowledged[commit.session].append((commit.completed, parsed[1]))
-    for session, acks in acknowledged.items():
-        holds = []
-        for _, hold in sorted(acks):
-            if not holds or holds[-1] != hold:
-                if hold in holds:
+            by_hold[commit.session][parsed[1]].append(commit)
+    for session, holds_of in by_hold.items():
+        first_ack = {hold: min(c.completed or 0 for c in acked) for hold, acked in holds_of.items()}
+        for hold, acked in holds_of.items():
+            for other, since in first_ack.items():
+                if other == hold or since <= first_ack[hold]:
+                    continue  # `other` began after `hold`: did `hold` start a commit after that?
+                late = [c for c in acked if c.invoked > since]
+                if late:
                     report.violations.append(
-                        f"two live writers: hold {hold} of session {session} was acknowledged again "
-                        f"after hold {holds[-1]} was"
+                        f"two live writers: hold {hold} of session {session} had {late[0].value!r} "
+                        f"acknowledged, invoked after hold {other} was first acknowledged"
                     )
-                holds.append(hold)
     return report
