@@ -26,12 +26,14 @@ is the same over an async store.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
 
 from .core import facts as build
+from .core.commit import _first_non_json as first_non_json
 from .core.planner import plan_recovery
 from .core.state import SessionState
 from .recovery import Store, ToolStart, facts_for_plan, new_intent, recover, start_step_facts
@@ -48,6 +50,48 @@ class RuntimeStateError(RuntimeError):
     the settled step have no result)."""
 
 
+class AttemptOpenError(RuntimeStateError):
+    """`attempt()` while an attempt this session opened has neither an answer nor a failure:
+    settle or fail it first (a second one would use up the retry)."""
+
+
+class InvalidAnswerError(ValueError):
+    """A model answer holding something that is not a JSON value; `path` names where (nothing
+    was written)."""
+
+    def __init__(self, path: str, what: str) -> None:
+        self.path = path
+        super().__init__(f"{path} is {what}, not a JSON value (nothing was written)")
+
+
+def recordable_text(text: str) -> str:
+    """The one rule for output that cannot be encoded as UTF-8 (lone surrogates, e.g. a
+    non-UTF-8 file name from `os.listdir`): each such character is written as its `\\uXXXX`
+    escape, and a note saying so is appended to the content."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        count = sum(1 for char in text if 0xD800 <= ord(char) <= 0xDFFF)
+        escaped = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        return (
+            f"{escaped}\n[sessionlog: {count} character(s) not encodable as UTF-8 written as \\uXXXX escapes]"
+        )
+    return text
+
+
+def tool_output(name: str, output: object) -> tuple[str, bool]:
+    """What a tool returned, as result text: a string as it is; another JSON value as its
+    compact JSON text; anything else an error result naming its type."""
+    if isinstance(output, str):
+        return str.__str__(output), True
+    found = first_non_json(output)
+    if found is not None:
+        path, what = found
+        where = f" at {path}" if path else ""
+        return f"Error: tool {name!r} returned a value{where} {what}, not text or a JSON value", False
+    return json.dumps(output, ensure_ascii=False, separators=(",", ":")), True
+
+
 # -- what the sync and async runtimes share: state to facts ------------------------------------
 
 
@@ -58,7 +102,15 @@ def declarations(tools: Tools | Iterable[Tool]) -> Tools:
 def contract_calls(tool_calls: Sequence[ToolCallInput]) -> list[dict[str, Any]]:
     """Tool calls in the contract's form, in the model's order."""
     calls = []
-    for call in tool_calls:
+    if isinstance(tool_calls, str | bytes) or not isinstance(tool_calls, Sequence):
+        raise TypeError(f"tool_calls is a sequence of calls, not {type(tool_calls).__name__}")
+    for position, call in enumerate(tool_calls):
+        if not isinstance(call, Mapping):
+            raise TypeError(f"tool_calls[{position}] is a mapping, not {type(call).__name__}")
+        found = first_non_json(dict(call))
+        if found is not None:
+            path, what = found
+            raise InvalidAnswerError(f"tool_calls[{position}]{'.' if path[:1] != '[' else ''}{path}", what)
         if "function" in call:
             calls.append(dict(call))
             continue
@@ -77,6 +129,8 @@ def settle_facts(
     stop_reason: str | None,
 ) -> list[Fact]:
     """The model's answer and its usage: one transaction."""
+    if content is not None and not isinstance(content, str):
+        raise TypeError(f"content is text or None, not {type(content).__name__}")
     entry = build.assistant_message(
         attempt["stepId"],
         attempt["attemptId"],
@@ -165,6 +219,14 @@ def abort_facts(state: SessionState, phase: str | None = None) -> list[Fact]:
     ]
 
 
+def check_no_open_attempt(session: Any, state: SessionState) -> None:
+    open_attempt = state.open_attempt
+    if open_attempt is not None and open_attempt["attemptId"] == session.open_attempt_id:
+        raise AttemptOpenError(
+            f"attempt {open_attempt['attempt']} of this run is open: settle() or fail() it first"
+        )
+
+
 def needs_model(state: SessionState, configuration: Configuration) -> bool:
     return not state.is_idle and plan_recovery(state, configuration.current)["type"] == "startStep"
 
@@ -176,7 +238,7 @@ def blocked(state: SessionState, configuration: Configuration) -> Mapping[str, A
 
 def result_facts(start: ToolStart, output: str, ok: bool, usage: Mapping[str, int] | None) -> list[Fact]:
     """A tool's result under its intent's reserved id, and its usage: one transaction."""
-    facts = [start.result(output, ok=ok)]
+    facts = [start.result(recordable_text(output), ok=ok)]
     if usage is not None:
         facts.append(build.usage(start.intent["operationId"], usage, tool_started_id=start.tool_started_id))
     return facts
@@ -259,8 +321,24 @@ class SessionBase:
         output_options: Mapping[str, Any] | None = None,
         environment: str | None = None,
     ) -> None:
+        for name, value in (
+            ("model", model),
+            ("system_prompt", system_prompt),
+            ("adapter", adapter),
+            ("routing", routing),
+        ):
+            if not isinstance(value, str):
+                raise TypeError(f"{name} is a string, not {type(value).__name__}")
+        if environment is not None and not isinstance(environment, str):
+            raise TypeError(f"environment is a string or None, not {type(environment).__name__}")
+        if output_options is not None and not isinstance(output_options, Mapping):
+            raise TypeError(f"output_options is a mapping or None, not {type(output_options).__name__}")
+        if not (hasattr(store, "commit") and hasattr(store, "load")):
+            raise TypeError(f"store is a session store (commit and load), not {type(store).__name__}")
         self.store = store
         self.tools = declarations(tools)
+        self.open_attempt_id: str | None = None
+        """The attempt this session opened and has not settled or failed (see AttemptOpenError)."""
         self.configuration = Configuration.of(
             self.tools,
             model=model,
@@ -304,6 +382,7 @@ class Session(SessionBase):
     def resume(self) -> Run | None:
         """Recover an interrupted run up to where the caller is needed; None when the session is
         idle. Safe reads with an unknown result are run again through their declared tool."""
+        self.open_attempt_id = None  # resuming: an open attempt's answer is taken as lost
         current = self.configuration.current
         while True:
             plan = recover(self.store, current)
@@ -345,7 +424,10 @@ class Run(RunBase):
 
     def attempt(self) -> Attempt:
         """Record the model attempt (attempt 2 of the same step after a crash) before the request."""
-        (fact,) = self.session.store.commit(attempt_facts(self.session.state, self.session.configuration))
+        state = self.session.state
+        check_no_open_attempt(self.session, state)
+        (fact,) = self.session.store.commit(attempt_facts(state, self.session.configuration))
+        self.session.open_attempt_id = fact["record"]["attemptId"]
         return Attempt(self, fact["record"])
 
     def start_tools(self) -> list[ToolCall]:
@@ -385,10 +467,12 @@ class Attempt(AttemptBase):
         """The model's answer (and its usage) in one transaction."""
         store = self.run.session.store
         store.commit(settle_facts(store.load(), self.record, content, tool_calls, usage, stop_reason))
+        self.run.session.open_attempt_id = None
 
     def fail(self, code: str, message: str) -> None:
         """The request failed (the planner then retries once, or fails the run)."""
         self.run.session.store.commit(self._failed(code, message))
+        self.run.session.open_attempt_id = None
 
 
 class ToolCall(ToolCallBase):
@@ -402,10 +486,9 @@ class ToolCall(ToolCallBase):
         except Exception as error:
             self.fail(failure_text(error))
             return failure_text(error)
-        if not isinstance(output, str):
-            raise TypeError(f"tool {self.name!r} returned {type(output).__name__}, not text")
-        self.finish(output)
-        return output
+        text, ok = tool_output(self.name, output)
+        self.finish(text, ok=ok)
+        return text
 
     def finish(self, output: str, *, ok: bool = True, usage: Mapping[str, int] | None = None) -> None:
         """Record the tool's output (and its usage) in one transaction."""

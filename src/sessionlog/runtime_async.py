@@ -20,6 +20,7 @@ from .runtime import (
     abort_facts,
     attempt_facts,
     blocked,
+    check_no_open_attempt,
     failure_text,
     finish_facts,
     needs_model,
@@ -27,6 +28,7 @@ from .runtime import (
     result_facts,
     settle_facts,
     tool_facts,
+    tool_output,
 )
 
 
@@ -46,6 +48,7 @@ class AsyncSession(SessionBase):
         return AsyncRun(self, run["record"]["operationId"])
 
     async def resume(self) -> AsyncRun | None:
+        self.open_attempt_id = None
         current = self.configuration.current
         while True:
             plan = await recover_async(self.store, current)
@@ -71,8 +74,10 @@ class AsyncRun(RunBase):
         return blocked(await self.session.state(), self.session.configuration)
 
     async def attempt(self) -> AsyncAttempt:
-        facts = attempt_facts(await self.session.state(), self.session.configuration)
-        (fact,) = await self.session.store.commit(facts)
+        state = await self.session.state()
+        check_no_open_attempt(self.session, state)
+        (fact,) = await self.session.store.commit(attempt_facts(state, self.session.configuration))
+        self.session.open_attempt_id = fact["record"]["attemptId"]
         return AsyncAttempt(self, fact["record"])
 
     async def start_tools(self) -> list[AsyncToolCall]:
@@ -109,9 +114,11 @@ class AsyncAttempt(AttemptBase):
         await store.commit(
             settle_facts(await store.load(), self.record, content, tool_calls, usage, stop_reason)
         )
+        self.run.session.open_attempt_id = None
 
     async def fail(self, code: str, message: str) -> None:
         await self.run.session.store.commit(self._failed(code, message))
+        self.run.session.open_attempt_id = None
 
 
 class AsyncToolCall(ToolCallBase):
@@ -125,10 +132,9 @@ class AsyncToolCall(ToolCallBase):
         except Exception as error:
             await self.fail(failure_text(error))
             return failure_text(error)
-        if not isinstance(output, str):
-            raise TypeError(f"tool {self.name!r} returned {type(output).__name__}, not text")
-        await self.finish(output)
-        return output
+        text, ok = tool_output(self.name, output)
+        await self.finish(text, ok=ok)
+        return text
 
     async def finish(self, output: str, *, ok: bool = True, usage: Mapping[str, int] | None = None) -> None:
         await self.session.store.commit(result_facts(self.start, output, ok, usage))

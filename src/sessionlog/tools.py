@@ -36,7 +36,16 @@ class Tool:
     replay_key: str | None = None
 
     def __post_init__(self) -> None:
-        if type(self.name) is not str or not self.name:
+        if type(self.name) is not str:
+            raise TypeError(f"a tool's name is a string, not {type(self.name).__name__}")
+        for key in ("description",):
+            if not isinstance(getattr(self, key), str):
+                raise TypeError(f"tool {shown(self.name)}: {key} is a string")
+        if not isinstance(self.parameters, Mapping):
+            raise TypeError(f"tool {shown(self.name)}: parameters is a mapping (a JSON schema)")
+        if self.replay_key is not None and not isinstance(self.replay_key, str):
+            raise TypeError(f"tool {shown(self.name)}: replay_key is a string or None")
+        if not self.name:
             raise ValueError(f"a tool's name is a non-empty string, not {shown(self.name)}")
         if self.replay not in ("safe", "never"):
             raise ValueError(
@@ -63,6 +72,8 @@ class Tools(Mapping[str, Tool]):
 
     def __init__(self, tools: Iterable[Tool]) -> None:
         self._tools: dict[str, Tool] = {}
+        if isinstance(tools, Tool | str | bytes | Mapping) or not isinstance(tools, Iterable):
+            raise TypeError(f"Tools takes an iterable of Tool declarations, not {type(tools).__name__}")
         for tool in tools:
             if not isinstance(tool, Tool):
                 raise TypeError(f"Tools takes Tool declarations, not {type(tool).__name__}")
