@@ -62,15 +62,41 @@ def test_the_command_line_writes_json_markdown_and_a_plot(tmp_path: Path, monkey
     assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]
 
 
-def test_the_hard_check_flags_a_power_row_faster_than_its_interleaved_fsync_ceiling() -> None:
+def test_not_syncing_is_decided_by_the_device_flushes_never_by_timing_alone() -> None:
     row = {"shape": "a: 1 session, 1 committer, 1 fact", "kind": "backend", "durability": "power"}
+    ceiling = {
+        "shape": row["shape"],
+        "kind": "ceiling",
+        "name": "write+fdatasync",
+        "flushes": 190,
+        "operations": 180,
+    }
     rows = [
-        {**row, "name": "honest", "vs_ceiling": 0.9, "ceiling": "write+fdatasync"},
-        {**row, "name": "liar", "vs_ceiling": 3.0, "ceiling": "write+fdatasync"},
-        {**row, "name": "process", "durability": "process", "vs_ceiling": 9.0, "ceiling": "os.write"},
+        ceiling,
+        {
+            **row,
+            "name": "honest but fast",
+            "vs_ceiling": 3.0,
+            "ceiling": "write+fdatasync",
+            "flushes": 170,
+            "operations": 180,
+        },
+        {
+            **row,
+            "name": "liar",
+            "vs_ceiling": 0.9,
+            "ceiling": "write+fdatasync",
+            "flushes": 2,
+            "operations": 180,
+        },
+        {**row, "name": "process", "durability": "process", "flushes": 0, "operations": 3000},
     ]
-    assert report.not_syncing({"mode": "quick", "rows": rows}) == ["liar (3.00x write+fdatasync)"]
-    assert report.not_syncing({"mode": "tiny", "rows": rows}) == []  # one round proves nothing
+    result = {"mode": "quick", "rows": rows, "flush_device": "vda", "flushes": "counted on /dev/vda"}
+    assert [line.split(" (")[0] for line in report.not_syncing(result)] == ["liar"]
+    assert "honest but fast" in " ".join(report.above_ceiling(result))  # reported, not a verdict
+    assert report.not_syncing({**result, "flush_device": None}) == []  # no counter: no verdict
+    unseen = [{**ceiling, "flushes": 0}, *rows[1:]]  # the ceiling's syncs made no flushes it saw
+    assert report.not_syncing({**result, "rows": unseen}) == []
 
 
 def test_unknown_backends_are_a_usage_error(cli: Any) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 import sessionlog
 
 from . import shapes
+from .flushes import FlushCounter
 from .measure import Job, alternate, paired_ratio
 from .peers import peers as all_peers
 from .report import markdown, not_syncing, plot, recommend, text
@@ -82,6 +83,7 @@ def run(
         return chosen is None or f"{kind}-repository" in chosen
 
     scratch = shapes.Scratch(directory)
+    counter = FlushCounter(scratch.root)
     rows: list[dict[str, Any]] = []
     usable, skipped = [], []
     for peer in peers:
@@ -101,7 +103,7 @@ def run(
     def measure(shape: str, jobs: dict[str, tuple[Job, dict[str, Any]]], ceilings: dict[str, Job]) -> None:
         """Alternate every job with the ceilings of its class; one row each."""
         everything = {**ceilings, **{name: job for name, (job, _) in jobs.items()}}
-        measured = alternate(everything, plan.rounds)
+        measured = alternate(everything, plan.rounds, counter.read if counter.device else None)
         for name in ceilings:
             rows.append({"shape": shape, "name": name, "kind": "ceiling", **measured[name].summary()})
         for name, (_, meta) in jobs.items():
@@ -290,6 +292,8 @@ def run(
         "skipped": skipped,
         "machine": machine(directory),
         "mode": mode,
+        "flushes": counter.describe(),
+        "flush_device": counter.device,
         "seconds": round(time.monotonic() - started, 1),
     }
 

@@ -25,12 +25,20 @@ class Measured:
 
     rates: list[float] = field(default_factory=list)  # operations/s of each round
     latencies: list[float] = field(default_factory=list)  # seconds, every operation of every round
+    operations: int = 0  # over every round
+    flushes: int | None = None  # device flushes during its rounds (`flushes`), None: not counted
 
-    def add(self, operations: int, seconds: float, latencies: list[float]) -> None:
+    def add(
+        self, operations: int, seconds: float, latencies: list[float], flushes: int | None = None
+    ) -> None:
         self.rates.append(operations / seconds if seconds > 0 else 0.0)
         self.latencies.extend(latencies)
+        self.operations += operations
+        if flushes is not None:
+            self.flushes = (self.flushes or 0) + flushes
 
     def summary(self) -> dict[str, float]:
+        counted = {} if self.flushes is None else {"flushes": self.flushes, "operations": self.operations}
         ordered = sorted(self.latencies)
 
         def percentile(q: float) -> float:
@@ -42,16 +50,23 @@ class Measured:
             "max_per_s": max(self.rates, default=0.0),
             "p50_us": percentile(0.50),
             "p99_us": percentile(0.99),
+            **counted,
         }
 
 
-def alternate(jobs: Mapping[str, Job], rounds: int) -> dict[str, Measured]:
-    """Round r of every job before round r + 1 of any; a job that raises is dropped (its error
-    kept in `errors`)."""
+def alternate(
+    jobs: Mapping[str, Job], rounds: int, flushes: Callable[[], int | None] | None = None
+) -> dict[str, Measured]:
+    """Round r of every job before round r + 1 of any. `flushes`: the device's flush counter
+    (`flushes.FlushCounter.read`), read before and after each round of each job."""
     measured = {name: Measured() for name in jobs}
     for _ in range(rounds):
         for name, job in jobs.items():
-            measured[name].add(*job())
+            before = flushes() if flushes else None
+            done = job()
+            after = flushes() if flushes else None
+            counted = after - before if before is not None and after is not None else None
+            measured[name].add(*done, flushes=counted)
     return measured
 
 
