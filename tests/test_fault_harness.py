@@ -318,3 +318,117 @@ def test_a_connection_interrupted_in_its_check_is_given_back(
             repo.list()
         with repo.lent(timeout=5) as connection:  # PoolTimeout here if it leaked
             assert connection.execute("select 1").fetchone() == (1,)
+
+
+def test_the_checker_names_what_the_review_found_it_missed() -> None:
+    """A hostile review of the checker found false passes; each is named now."""
+    a1, a2, b1 = "w0.0:1:1", "w0.0:1:2", "w1.0:1:1"
+    # a delete returned ok, yet the session is still there
+    deleted = _synthetic(("w0.0", "commit", "S", a1, "ok", 1, 2), ("w1.0", "delete", "S", None, "ok", 3, 4))
+    assert any(v.startswith("deleted but present") for v in check(deleted, {"S": [a1]}).violations)
+    # a delete told (unknown) before a commit was acknowledged cannot excuse that commit's loss
+    early = _synthetic(
+        ("w1.0", "delete", "S", None, "unknown", 1, 2), ("w0.0", "commit", "S", a1, "ok", 3, 4)
+    )
+    assert check(early, {}).lost == 1
+    # another session's lines at the head of a session no fork was asked of
+    assert any("not a prefix" in v for v in check(deleted[:2], {"S": [a1], "T": [a1]}).violations)
+    forked = _synthetic(
+        ("w0.0", "commit", "S", a1, "ok", 1, 2), ("w0.0", "commit", "S", a2, "ok", 3, 4),
+        ("w1.0", "fork", "S", None, "ok", 5, 6),
+    )  # fmt: skip
+    assert check(forked, {"S": [a1, a2], "F": [a1, a2]}).ok
+    assert any("not a prefix" in v for v in check(forked, {"S": [a1, a2], "F": [a2, a1]}).violations)
+    refused = _synthetic(("w0.0", "commit", "S", b1, "fail", 1, 2), ("w1.0", "fork", "S", None, "ok", 5, 6))
+    assert any(v.startswith("refused but present") for v in check(refused, {"F": [b1]}).violations)
+    # a call pending 99 s when its process was killed hung, kill or not
+    pending = _synthetic(("w0.0", "label", "S", None, "ok", 1, 2))[:1]
+    kill = {"p": "nemesis", "type": "fault", "fault": "kill", "target": "w0.0", "t": 100 * 10**9}
+    assert any(v.startswith("hung") for v in check([*pending, kill], {"S": []}, bound=30).violations)
+
+
+def test_a_fenced_commit_counts_as_refused_not_unknown() -> None:
+    """A store poisoned because its hold was found lost before the commit was sent says "nothing
+    was written": the harness records it as refused, so a fenced commit that landed is caught."""
+    from sessionlog.core.errors import SessionChangedError, StorePoisonedError
+    from sessionlog.testing.nemesis import _outcome
+
+    fenced = StorePoisonedError("nothing was written")
+    fenced.__cause__ = SessionChangedError("taken over")
+    assert _outcome(fenced) == "fail"
+    assert _outcome(StorePoisonedError("fdatasync failed")) == "unknown"
+
+
+def test_a_lapsed_hold_is_not_reported_as_taken_over() -> None:
+    """Found by the harness: a hold the server said was no longer this writer's was reported as
+    taken over by another writer, although its lease may just have run out there."""
+    from sessionlog.repositories.leases import Heartbeat
+
+    heartbeat = Heartbeat(lambda keys: (set(), set(keys)), 30.0, "db")
+    key = ("S", 1)
+    heartbeat.hold(key, time.monotonic())
+    heartbeat.renew_now()
+    with pytest.raises(sessionlog.core.errors.SessionChangedError) as lost:
+        heartbeat.check(key)
+    assert "lease ran out there" in str(lost.value), lost.value
+    heartbeat.close()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "says"),
+    [
+        (["--faults", "bogus"], "no such fault: bogus"),
+        (["--workers", "0"], "workers is a whole number"),
+        (["--seconds", "-5"], "seconds is a number above 0"),
+        (["--faults", "restart"], "needs the PostgresServer"),
+    ],
+)
+def test_the_command_refuses_bad_input(tmp_path: Path, arguments: list[str], says: str) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "sessionlog.testing.nemesis", "run", str(tmp_path / "repo"), *arguments],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and says in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_command_refuses_a_file_for_a_directory_at_once(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "afile").write_text("x")
+    done = subprocess.run(
+        [sys.executable, "-m", "sessionlog.testing.nemesis", "run", str(tmp_path / "afile"), "--seconds=9"],
+        capture_output=True, text=True, timeout=20,
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_an_interrupted_run_leaves_no_process_behind(tmp_path: Path) -> None:
+    """Ctrl-C of the harness stops its workers and its nemesis (a stopped worker too)."""
+    import signal
+    import subprocess
+    import sys
+
+    run = subprocess.Popen(
+        [sys.executable, "-m", "sessionlog.testing.nemesis", "run", str(tmp_path / "repo"), "--seconds", "30",
+         "--faults", "stop"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    pids: list[int] = []
+    while time.monotonic() < deadline and len(pids) < 4:
+        time.sleep(0.2)
+        found = subprocess.run(["pgrep", "-f", f"nemesis worker {tmp_path}"], capture_output=True, text=True)
+        pids = [int(pid) for pid in found.stdout.split()]
+    assert len(pids) >= 4, "the workers did not start"
+    run.send_signal(signal.SIGINT)
+    run.wait(timeout=30)
+    time.sleep(0.5)
+    left = subprocess.run(
+        ["pgrep", "-f", f"sessionlog.testing.nemesis .*{tmp_path}"], capture_output=True, text=True
+    )
+    assert left.stdout.split() == [], f"left running: {left.stdout.split()}"

@@ -261,11 +261,15 @@ class PostgresRepository(SQLRepository):
         deadline = time.monotonic() + (self.pool.timeout if timeout is None else timeout)
         while True:
             connection = self.pool.getconn(timeout=max(0.0, deadline - time.monotonic()))
-            with self._returned_lock:
-                since = self._returned.pop(connection, None)
-            if since is not None and time.monotonic() - since <= _IDLE_CHECKED and not _readable(connection):
-                break
             try:
+                with self._returned_lock:
+                    since = self._returned.pop(connection, None)
+                if (
+                    since is not None
+                    and time.monotonic() - since <= _IDLE_CHECKED
+                    and not _readable(connection)
+                ):
+                    break
                 self.pool.check_connection(connection)
                 break
             except Exception:

@@ -199,7 +199,10 @@ def check(
     report.operations = len(ops)
     commits: dict[str, Operation] = {}
     deleted_at: dict[str, int] = {}  # session -> when a delete of it returned ok (earliest)
-    delete_tried: set[str] = set()
+    # session -> when each delete that may have happened returned (None: killed before it was told)
+    deletes: dict[str, list[int | None]] = defaultdict(list)
+    killed = {record["target"]: record["t"] for record in records if record.get("fault") == "kill"}
+    forks: set[str] = set()  # the sessions a fork was asked of
     for operation in ops:
         report.by_op[operation.op] += 1
         report.outcomes[operation.outcome or "none"] += 1
@@ -210,15 +213,15 @@ def check(
                 f"untyped error: {operation.op} of {operation.process} raised {operation.error}: "
                 + operation.message
             )
-        if operation.completed is None:
-            if operation.process in alive:
-                report.violations.append(f"hung: {operation.op} of {operation.process} never returned")
-        else:
+        if operation.completed is None and operation.process in alive:
+            report.violations.append(f"hung: {operation.op} of {operation.process} never returned")
+        ended = operation.completed if operation.completed is not None else killed.get(operation.process)
+        if ended is not None:  # a call its process was killed in had waited until the kill
             paused = sum(
-                max(0, min(end, operation.completed) - max(start, operation.invoked))
+                max(0, min(end, ended) - max(start, operation.invoked))
                 for start, end in stops.get(operation.process, ())
             )
-            took = (operation.completed - operation.invoked - paused) / 1e9
+            took = (ended - operation.invoked - paused) / 1e9
             if took > bound:
                 report.violations.append(
                     f"hung: {operation.op} of {operation.process} took {took:.1f} s (bound {bound:g} s)"
@@ -227,16 +230,21 @@ def check(
             commits[operation.value] = operation
         if operation.op == "delete" and operation.session is not None:
             if operation.outcome in ("ok", "unknown", None):  # None: killed before it was told
-                delete_tried.add(operation.session)
+                deletes[operation.session].append(operation.completed)
             if operation.outcome == "ok" and operation.completed is not None:
                 deleted_at[operation.session] = min(
                     deleted_at.get(operation.session, operation.completed), operation.completed
                 )
 
+        if operation.op == "fork" and operation.session is not None:
+            forks.add(operation.session)
+
     # What each session holds: its own lines (after any fork's copied prefix).
     placed: dict[str, list[str]] = {}
+    copied: dict[str, list[str]] = {}
     for session, texts in contents.items():
         own: list[str] = []
+        copy: list[str] = []
         copying = True
         for text in texts:
             parsed = parse_token(text)
@@ -250,11 +258,37 @@ def check(
                         f"phantom: {text!r} of session {commit.session} stands in {session} "
                         "after its own lines"
                     )
+                else:
+                    copy.append(text)
                 continue
             copying = False
             own.append(text)
         placed[session] = own
+        copied[session] = copy
+    for session, copy in copied.items():  # a fork's copy: a prefix of a session a fork was asked of
+        if not copy:
+            continue
+        # a fork of a fork copies its parent's copy too: any session a fork was asked of may be the
+        # source; one deleted since cannot be compared, so then the copy is only checked for doubles
+        sources = [source for source in forks if source in contents]
+        if not any(contents[source][: len(copy)] == copy for source in sources) and all(
+            source in contents for source in forks
+        ):
+            report.violations.append(
+                f"phantom: session {session} starts with other sessions' lines, not a prefix of any "
+                "session a fork was asked of"
+            )
+        if len(set(copy)) != len(copy):
+            report.violations.append(f"duplicated: session {session}'s copied lines hold one twice")
+        for text in copy:
+            if commits[text].outcome == "fail":
+                report.violations.append(f"refused but present: {text!r} was refused, and a fork copied it")
 
+    for session in deleted_at:
+        if session in contents:
+            report.violations.append(
+                f"deleted but present: session {session} was deleted (ok) and is still there"
+            )
     seen: Counter[str] = Counter(text for own in placed.values() for text in own)
     for text, times in seen.items():
         if times > 1:
@@ -269,8 +303,11 @@ def check(
                 report.violations.append(
                     f"acknowledged after delete: {value!r} was invoked after session {session} was deleted"
                 )
+            could_go = [
+                end for end in deletes.get(session, ()) if end is None or end > (commit.completed or 0)
+            ]
             if not present:
-                if session not in contents and session in delete_tried:
+                if session not in contents and could_go:  # a delete that may have run after it
                     report.deleted_with_session += 1
                 else:
                     report.violations.append(

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import SessionLogError
 from .histories import CheckReport, Recorder, check, read_histories, token
 
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
@@ -63,9 +64,14 @@ def faketime_library() -> Path | None:
 
 
 def _outcome(error: BaseException) -> str:
-    """`fail` for a refusal that says nothing was written, else `unknown`."""
+    """`fail` for a refusal that says nothing was written (a typed refusal, or a store poisoned
+    because its hold was found lost before the commit was sent), else `unknown`."""
     from ..core import errors
 
+    if isinstance(error, errors.StorePoisonedError) and isinstance(
+        error.__cause__, errors.SessionChangedError
+    ):
+        return "fail"  # fenced before anything was sent: "nothing was written"
     unknown = (errors.CommitOutcomeUnknownError, errors.StorePoisonedError, errors.RepositoryError)
     if isinstance(error, errors.SessionLogError) and not isinstance(error, unknown):
         return "fail"
@@ -267,11 +273,13 @@ class FaultHarnessReport:
     workers_started: int = 0
     seconds: float = 0.0
     clock_shifts: bool = False
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what went wrong outside the histories
+    remarks: list[str] = field(default_factory=list)  # what this run could not do, not failures
+    work: Path | None = None  # where the histories are
 
     @property
     def ok(self) -> bool:
-        return self.check.ok and not self.notes
+        return self.check.ok and not self.notes and self.check.operations > 0
 
 
 def _spawn(
@@ -329,14 +337,30 @@ def run_fault_harness(
     """Run the workers and the nemesis on the repository at `location` for `seconds`, then check.
     `server`: the `testing.postgres.PostgresServer` behind a PostgreSQL location, for `restart`."""
     options = dict(options or {})
+    unknown = sorted(set(faults) - set(FAULTS))
+    if unknown:
+        raise ValueError(f"no such fault: {', '.join(unknown)} (the faults: {', '.join(FAULTS)})")
+    for name, value in (("workers", workers), ("sessions", sessions)):
+        if type(value) is not int or value < 1:
+            raise ValueError(f"{name} is a whole number of at least 1, not {value!r}")
+    if not seconds > 0:
+        raise ValueError(f"seconds is a number above 0, not {seconds!r}")
+    if "restart" in faults and server is None:
+        raise ValueError("the restart fault needs the PostgresServer behind the location (server=)")
+    import sessionlog
+
+    sessionlog.repository(location, **options).close()  # reachable, of a known kind: else typed, now
     faketime = faketime_library() if "clock" in faults else None
+    remarks = (
+        [] if faketime is not None or "clock" not in faults else ["no libfaketime here: no clock shifts"]
+    )
     faults = [fault for fault in faults if fault != "clock" or faketime is not None]
     work = Path(work or tempfile.mkdtemp(prefix="sessionlog-nemesis-"))
     for name in ("histories", "pids", "clocks", "errors"):
         (work / name).mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     report_notes: list[str] = []
-    settings = {
+    settings: dict[str, Any] = {
         "seed": seed, "faults": faults, "seconds": seconds, "pause": pause, "stop_seconds": stop_seconds,
         "clock_shift": clock_shift, "location": location,
         "server": None if server is None else {
@@ -358,21 +382,29 @@ def run_fault_harness(
         incarnations += 1
         running[slot] = (process, _spawn(location, options, process, work, seed, sessions, faketime))
 
-    for slot in range(workers):
-        start(slot)
-    deadline = started + seconds
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        for slot, (process, child) in list(running.items()):
-            if child.poll() is not None:
-                (work / "pids" / process).unlink(missing_ok=True)
-                if child.returncode != -signal.SIGKILL:
-                    report_notes.append(
-                        f"worker {process} exited {child.returncode}: {_tail(work / 'errors' / process)}"
-                    )
-                start(slot)
-    (work / "stop").write_text("")
-    nemesis.wait(timeout=bound + 60)
+    try:
+        for slot in range(workers):
+            start(slot)
+        deadline = started + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            for slot, (process, child) in list(running.items()):
+                if child.poll() is not None:
+                    (work / "pids" / process).unlink(missing_ok=True)
+                    if child.returncode != -signal.SIGKILL:
+                        report_notes.append(
+                            f"worker {process} exited {child.returncode}: {_tail(work / 'errors' / process)}"
+                        )
+                    start(slot)
+        (work / "stop").write_text("")
+        nemesis.wait(timeout=bound + 60)
+    except BaseException:  # interrupted (Ctrl-C), or failed: no worker or nemesis outlives the run
+        (work / "stop").write_text("")
+        for child in [nemesis, *(child for _, child in running.values())]:
+            with contextlib.suppress(ProcessLookupError):
+                child.kill()
+            child.wait()
+        raise
     alive: list[str] = []
     for _, child in running.values():
         with contextlib.suppress(ProcessLookupError):
@@ -397,6 +429,8 @@ def run_fault_harness(
         time.monotonic() - started,
         faketime is not None,
         report_notes,
+        remarks,
+        work,
     )
     return report
 
@@ -454,14 +488,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "nemesis":
         nemesis_main(Path(args.work), json.loads(args.settings))
         return 0
-    report = run_fault_harness(
-        args.location,
-        workers=args.workers,
-        sessions=args.sessions,
-        seconds=args.seconds,
-        faults=args.faults.split(","),
-    )
+    try:
+        report = run_fault_harness(
+            args.location,
+            workers=args.workers,
+            sessions=args.sessions,
+            seconds=args.seconds,
+            faults=[fault for fault in args.faults.split(",") if fault],
+        )
+    except (ValueError, SessionLogError) as error:
+        parser.error(str(error))
     print(summary(report))
+    print(f"histories: {report.work}")
+    for remark in report.remarks:
+        print("  note:", remark)
     for violation in report.check.violations[:20]:
         print("  ", violation)
     for note in report.notes[:10]:
