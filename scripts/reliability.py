@@ -39,6 +39,7 @@ from sessionlog.testing.bitflips import run_bit_flips  # noqa: E402
 from sessionlog.testing.crash import run_kills  # noqa: E402
 from sessionlog.testing.faults import real_enospc, run_faults  # noqa: E402
 from sessionlog.testing.mutations import run_corpus  # noqa: E402
+from sessionlog.testing.nemesis import run_fault_harness  # noqa: E402
 from sessionlog.testing.operations import OPERATIONS, run_operation_kills  # noqa: E402
 from sessionlog.testing.powerloss import run_powerloss  # noqa: E402
 from sessionlog.testing.repository_kills import run_repository_kills  # noqa: E402
@@ -463,6 +464,54 @@ def postgres(kills: int) -> tuple[Table, bool]:
     return rows, ok
 
 
+def nemesis(seconds: float, directory: Path) -> tuple[Table, bool]:
+    """Workers at random on each repository kind under a nemesis, their histories checked
+    (`sessionlog.testing.nemesis`, `testing.histories`)."""
+    from sessionlog.testing.postgres import PostgresServer, PostgresUnavailable
+
+    rows, ok = [], True
+    runs: list[tuple[str, str, Callable[[], Any]]] = [
+        ("directory", "SIGKILL, SIGSTOP, clock shifts", lambda: run_fault_harness(
+            str(directory / "nemesis-dir"), seconds=seconds, work=directory / "nemesis-dir-work")),
+        ("sqlite", "SIGKILL, SIGSTOP, clock shifts (leases on the writer's clock)", lambda: run_fault_harness(
+            f"sqlite:///{directory}/nemesis.db", seconds=seconds, work=directory / "nemesis-sqlite-work")),
+    ]  # fmt: skip
+    server = None
+    try:
+        server = PostgresServer.start()
+    except (PostgresUnavailable, ModuleNotFoundError) as error:
+        rows.append(Row("workers under a nemesis", "postgres", "power", "-", "-", f"skipped: {error}"))
+    if server is not None:
+        pg = server
+        runs.append(("postgres", "SIGKILL, SIGSTOP past the 1 s lease, clock shifts, pg_terminate_backend, "
+                     "server SIGKILL + restart", lambda: run_fault_harness(
+            pg.new_database(), seconds=seconds, faults=("kill", "stop", "clock", "terminate", "restart"),
+            options={"lease_seconds": 1.0}, stop_seconds=1.5, server=pg,
+            work=directory / "nemesis-pg-work")))  # fmt: skip
+    try:
+        for kind, faults, run in runs:
+            report = _timed(f"nemesis on {kind}", run)
+            result = report.check
+            good = report.ok and result.acknowledged > 0
+            ok = ok and good
+            done = ", ".join(f"{op} {n}" for op, n in sorted(result.by_op.items()))
+            made = ", ".join(f"{name} {n}" for name, n in sorted(result.faults.items()))
+            cases = (
+                f"{seconds:g} s, {report.workers_started} worker processes: {result.operations} operations "
+                f"({done}); faults: {made}; {result.acknowledged} acknowledged commits checked, "
+                f"{result.unknown_present + result.unknown_absent} unknown outcomes resolved "
+                f"({result.unknown_present} present, {result.unknown_absent} absent, 0 doubled)"
+            )
+            problems = result.violations[:2] + report.notes[:2]
+            verdict = "pass" if good else "FAIL: " + "; ".join(problems)
+            test = f"workers at random under a nemesis ({faults}); histories checked"
+            rows.append(Row(test, kind, "power", cases, str(result.lost), verdict))
+    finally:
+        if server is not None:
+            server.stop()
+    return rows, ok
+
+
 def _machine() -> list[str]:
     cpu = platform.processor() or platform.machine()
     try:
@@ -588,10 +637,49 @@ def render(tables: list[Table], mode: str, counts: str, seconds: float) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+SECTIONS = {
+    "kill9", "operator", "agent", "sqlite", "postgres", "nemesis", "powerloss", "bitflips", "faults",
+    "cancellation", "fuzzing", "hostile",
+}  # fmt: skip
+
+
+def spliced(old: str, new: str) -> str:
+    """`old` with the table rows of `new` in place of its rows of the same test and backend
+    (new ones added after the table's last row), and a line saying which sections were rerun."""
+
+    def key(line: str) -> tuple[str, str]:
+        cells = line.split(" | ")
+        return cells[0], cells[1]
+
+    fresh = [line for line in new.splitlines() if line.startswith("| ") and not line.startswith("| test |")]
+    fresh = [line for line in fresh if not line.startswith("| ---")]
+    by_key = {key(line): line for line in fresh}
+    lines, placed = [], set()
+    for line in old.splitlines():
+        if line.startswith("| ") and key(line) in by_key:
+            lines.append(by_key[key(line)])
+            placed.add(key(line))
+        else:
+            lines.append(line)
+    last = max(index for index, line in enumerate(lines) if line.startswith("| "))
+    rest = [line for line in fresh if key(line) not in placed]
+    lines[last + 1 : last + 1] = rest
+    run = next(line for line in new.splitlines() if line.startswith("- run:"))
+    first = next(index for index, line in enumerate(lines) if line.startswith("- run:"))
+    lines.insert(first + 1, run.replace("- run:", "- rows rerun alone (`--only`):", 1))
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--soak", action="store_true", help="ten times the CI counts")
     parser.add_argument("--out", default=str(ROOT / "RELIABILITY.md"), help="'-' prints the report")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=sorted(SECTIONS),
+        help="run only this section (repeatable) and put its rows in place of the same rows of --out",
+    )
     args = parser.parse_args(argv)
     scale = 10 if args.soak else 1
     kills, traces, per_kind, rounds, hypothesis_rounds = (
@@ -607,23 +695,31 @@ def main(argv: list[str] | None = None) -> int:
     tables, oks = [], []
     with tempfile.TemporaryDirectory(prefix="sessionlog-reliability-") as folder:
         directory = Path(folder)
-        for table, ok in (
-            kill9(names, kills, directory),
-            operator_kills(kills // 4, directory),
-            agent_loop(kills, directory),
-            sqlite_writers(kills, directory),
-            postgres(kills),
-            power_loss(names, traces, directory),
-            bit_flips(names, directory),
-            faults(names, directory),
-            cancellation(names, rounds),
-            fuzzing(per_kind, hypothesis_rounds),
-            hostile(),
-        ):
+        sections: dict[str, Callable[[], tuple[Table, bool]]] = {
+            "kill9": lambda: kill9(names, kills, directory),
+            "operator": lambda: operator_kills(kills // 4, directory),
+            "agent": lambda: agent_loop(kills, directory),
+            "sqlite": lambda: sqlite_writers(kills, directory),
+            "postgres": lambda: postgres(kills),
+            "nemesis": lambda: nemesis(120 * scale, directory),
+            "powerloss": lambda: power_loss(names, traces, directory),
+            "bitflips": lambda: bit_flips(names, directory),
+            "faults": lambda: faults(names, directory),
+            "cancellation": lambda: cancellation(names, rounds),
+            "fuzzing": lambda: fuzzing(per_kind, hypothesis_rounds),
+            "hostile": hostile,
+        }
+        assert set(sections) == SECTIONS
+        for name, section in sections.items():
+            if args.only and name not in args.only:
+                continue
+            table, ok = section()
             tables.append(table)
             oks.append(ok)
     counts = f"{kills} kills and {traces} traces per backend, {per_kind} mutations per kind"
     text = render(tables, "soak" if args.soak else "CI counts", counts, time.monotonic() - started)
+    if args.only and args.out != "-":
+        text = spliced(Path(args.out).read_text(), text)
     if args.out == "-":
         print(text)
     else:
