@@ -148,7 +148,10 @@ class Heartbeat:
                 if key in kept:
                     hold.valid_until = max(hold.valid_until, since + self.lease)
                 elif key in lost:
-                    hold.lost = "the server says it is no longer this writer's: its lease ran out there or another writer took the session over"
+                    hold.lost = (
+                        "the server says it is no longer this writer's: its lease ran out there "
+                        "or another writer took the session over"
+                    )
 
     def _run(self) -> None:
         while True:
