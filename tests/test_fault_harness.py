@@ -432,3 +432,42 @@ def test_an_interrupted_run_leaves_no_process_behind(tmp_path: Path) -> None:
         ["pgrep", "-f", f"sessionlog.testing.nemesis .*{tmp_path}"], capture_output=True, text=True
     )
     assert left.stdout.split() == [], f"left running: {left.stdout.split()}"
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_session_deleted_while_it_is_opened_is_not_found(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    """Found by the harness (SQLite, a worker whose clock ran ahead deleting a session it saw
+    as unheld): a delete landing between `open`'s read of the lines and of the summary row made
+    `open` raise a bare TypeError ('NoneType' object is not subscriptable). It is
+    SessionNotFoundError now, as for a session deleted before the open."""
+    if kind == "sqlite":
+        location = f"sqlite:///{tmp_path}/sessions.db"
+    else:
+        location = request.getfixturevalue("own_server").new_database()
+    with sessionlog.repository(location) as repo:
+        session_id = repo.create(provider="p", model="m", cwd="/w").load().session_id
+        repo.list()  # the store above was dropped: its hold is released at collection
+        real = type(repo).read
+
+        def read_then_deleted(self: Any, session: str, connection: Any = None) -> bytes:
+            data = real(self, session, connection)
+            schema = "" if kind == "sqlite" else "sessionlog."
+            if kind == "sqlite":
+                import sqlite3
+
+                with sqlite3.connect(f"{tmp_path}/sessions.db", isolation_level=None) as other:
+                    other.execute(f"delete from {schema}lines where session_id = ?", (session,))
+                    other.execute(f"delete from {schema}sessions where session_id = ?", (session,))
+            else:
+                import psycopg
+
+                with psycopg.connect(location, autocommit=True) as other:
+                    other.execute(f"delete from {schema}lines where session_id = %s", (session,))
+                    other.execute(f"delete from {schema}sessions where session_id = %s", (session,))
+            return data
+
+        monkeypatch.setattr(type(repo), "read", read_then_deleted)
+        with pytest.raises(sessionlog.core.errors.SessionNotFoundError):
+            repo.open(session_id, take_over=True)

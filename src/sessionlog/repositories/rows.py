@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from ..core.errors import SessionChangedError, SessionPathError
+from ..core.errors import SessionChangedError, SessionNotFoundError, SessionPathError
 from ..core.state import SessionState
 
 Written = tuple[int, int, dict[str, Any]]  # head line, head bytes, summary once written
@@ -56,6 +56,11 @@ class SessionRows:
         data: bytes = self.repository.read(self.session_id, connection)
         self.head_line, self.head_bytes = data.count(b"\n"), len(data)
         row = connection.execute(self.sql["summary"], (self.session_id,)).fetchone()
+        if row is None:  # deleted between the two reads (by a writer that saw the session unheld)
+            raise SessionNotFoundError(
+                errno.ENOENT, f"no session {self.session_id} here (deleted while it was opened)",
+                str(self.repository.path),
+            )  # fmt: skip
         self.summary = orjson.loads(row[0])
         return data
 
