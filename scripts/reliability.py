@@ -578,6 +578,15 @@ EXPLANATION = """\
   of the whole server (postmaster and backends) then a restart; for the replicated class the
   primary of a primary/synchronous-standby pair is SIGKILLed and the standby promoted, and the
   session is read there.
+* **workers under a nemesis**: `sessionlog.testing.nemesis` (docs/faults.md): four worker
+  processes open, create, fork, label, delete, claim and commit at random on at most four
+  sessions of one repository while a nemesis process SIGKILLs them, SIGSTOPs them (on
+  PostgreSQL past its 1 s lease), shifts their clocks by 40 s (libfaketime) and, on
+  PostgreSQL, terminates every connection and kills and restarts the server. Every worker
+  records each call and what it was told; the checker then proves against the repository that
+  no acknowledged commit is missing, doubled or out of its writer's order, no two writers'
+  lines interleave, no refused commit landed, no untyped error reached a caller and no call
+  hung past 30 s. Unknown outcomes are resolved as present or absent, never doubled.
 * **real ENOSPC**: commits until a tiny tmpfs is full: the failing commit raises
   `StorePoisonedError` caused by an `OSError` with `ENOSPC`, nothing acknowledged is lost, and
   reopening (or failing to, typed, while the disk stays full) keeps every acknowledged commit.
