@@ -44,11 +44,8 @@ import errno
 import os
 import re
 import secrets
-import select
 import socket
-import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -66,6 +63,7 @@ from ..core.errors import (
 from ..core.store import BackendInfo, SessionStore
 from .leases import Heartbeat, Key
 from .locations import mask_in, masked
+from .postgres_pool import Lender, readable
 from .postgres_schema import check_class, migrate_schema
 from .rows import SessionRows
 from .sql import SQLRepository, gone, statements
@@ -86,25 +84,9 @@ ASYNC_INFOS = {
 }
 _LIVE_WRITER = "case when writer is not null and lease_expires_at > now() then writer end"
 # The holds of one writer, as two arrays (session ids, epochs), and its rows among the sessions.
-_IDLE_CHECKED = 1.0  # seconds a pooled connection may sit idle and still be lent unchecked
 _NO_DATABASE = re.compile(r'database "[^"]*" does not exist')
 _HELD = "unnest(%s::text[], %s::bigint[]) as h (session_id, epoch)"
 _MINE = "s.session_id = h.session_id and s.writer_epoch = h.epoch and s.writer = %s"
-
-
-# psycopg_pool retries a failed connection attempt with a doubling delay (1, 2, 4, 8 s ...) for
-# its reconnect_timeout (5 minutes by default), one attempt at a time: a server down a few
-# seconds left calls waiting their whole timeout although it was back (found by the fault
-# harness, `testing.nemesis`). Here an attempt gives up after 2 s and a fresh one starts at once,
-# so a call is served within about a second of the server's return, and a server that stays down
-# costs one connection attempt a second.
-_RECONNECT_SECONDS = 2.0
-
-
-def _reconnect_afresh(pool: Any) -> None:
-    with contextlib.suppress(Exception):  # a closed pool: nothing to grow
-        if not pool.closed:
-            pool.check()  # grows the pool again: a new attempt, its delays from the start
 
 
 def _import_psycopg() -> Any:
@@ -180,6 +162,7 @@ class PostgresRepository(SQLRepository):
         self.me = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.psycopg = psycopg
         self.pool, self.owns_pool = pool, pool is None
+        self.lender = Lender(pool, owned=False)
         self._closed = False
         # What a driver's message may quote of the location (its password is masked out of it).
         self.location = str(location) if location is not None else str(getattr(pool, "conninfo", ""))
@@ -204,10 +187,6 @@ class PostgresRepository(SQLRepository):
         """Check the server can be reached (a typed error naming it, never the password), then
         open a pool of autocommit connections with this class's settings; the display name.
         Pooled connections are checked as they are lent, so a pool outlives a server restart."""
-        from psycopg_pool import ConnectionPool
-
-        self._returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
-        self._returned_lock = threading.Lock()
         problem = None
         try:
             with self.psycopg.connect(location, connect_timeout=10) as probe:
@@ -221,67 +200,13 @@ class PostgresRepository(SQLRepository):
                 )
             raise SessionPathError(errno.ECONNREFUSED, f"cannot connect to PostgreSQL: {problem}")
 
-        def configure(connection: Any) -> None:
-            connection.autocommit = True
-
-        self.pool = ConnectionPool(
-            location,
-            min_size=1,
-            max_size=max_connections,
-            configure=configure,
-            reset=self._returned_now,
-            open=True,
-            name="sessionlog",
-            reconnect_timeout=_RECONNECT_SECONDS,
-            reconnect_failed=_reconnect_afresh,
-        )
+        self.lender = Lender.own(location, max_connections)
+        self.pool = self.lender.pool
         return display
 
-    # The connections a server restart, a failover or `pg_terminate_backend` broke are replaced,
-    # not lent to fail one call each: a connection of this repository's own pool is checked with a
-    # round trip before it is lent when the server spoke on it while it was idle (its socket is
-    # readable: the FATAL notice or end of a terminated backend) or it sat idle a while. One lent
-    # again at once, with nothing to read, is used as it is (the hot path: one round trip a
-    # commit). The check is made here, not by the pool's `check` callback: psycopg_pool sleeps a
-    # doubling delay (1, 2, 4, 8, 16 s) after each connection its check refused, so a burst of
-    # terminated connections left calls waiting 30 s beside fresh connections (found by the fault
-    # harness, `testing.nemesis`). A refused connection goes back broken (the pool replaces it).
-
-    def _returned_now(self, connection: Any) -> None:
-        with self._returned_lock:
-            self._returned[connection] = time.monotonic()
-
-    @contextlib.contextmanager
-    def lent(self, timeout: float | None = None) -> Iterator[Any]:
-        """A sound connection from the pool for the `with` block, given back after it."""
-        if not self.owns_pool:
-            with self.pool.connection(timeout=timeout) as connection:
-                yield connection
-            return
-        deadline = time.monotonic() + (self.pool.timeout if timeout is None else timeout)
-        while True:
-            connection = self.pool.getconn(timeout=max(0.0, deadline - time.monotonic()))
-            try:
-                with self._returned_lock:
-                    since = self._returned.pop(connection, None)
-                if (
-                    since is not None
-                    and time.monotonic() - since <= _IDLE_CHECKED
-                    and not _readable(connection)
-                ):
-                    break
-                self.pool.check_connection(connection)
-                break
-            except Exception:
-                connection.close()
-                self.pool.putconn(connection)  # closed: the pool replaces it
-            except BaseException:  # interrupted mid-check: given back, not leaked
-                self.pool.putconn(connection)
-                raise
-        try:
-            yield connection
-        finally:
-            self.pool.putconn(connection)
+    def lent(self, timeout: float | None = None) -> Any:
+        """A sound connection for a `with` block (`postgres_pool.Lender`)."""
+        return self.lender.lent(timeout)
 
     def close(self) -> None:
         """Stop renewing leases and release the sessions still held (their stores are refused
@@ -354,7 +279,7 @@ class PostgresRepository(SQLRepository):
         """Not closed, and the server sent nothing on it while idle (a terminated backend's or a
         stopping server's FATAL notice, or the end of the stream): such a connection is replaced
         before a commit is sent, so an idle drop costs no commit."""
-        return not connection.closed and not _readable(connection)
+        return not connection.closed and not readable(connection)
 
     def connect(self) -> Any:
         """A connection of its own (the async repository's writer thread)."""
@@ -588,14 +513,6 @@ class PostgresSession(SessionRows):
                     repository.lent(timeout=repository.lease_seconds / 3) as connection,
                 ):
                     self.release(connection)
-
-
-def _readable(connection: Any) -> bool:
-    """Whether the server sent something on an idle connection (or closed it)."""
-    try:
-        return bool(select.select([connection.fileno()], [], [], 0)[0])
-    except Exception:  # closed, no socket: let the check say
-        return True
 
 
 def _columns(keys: Sequence[Key]) -> tuple[list[str], list[int]]:
