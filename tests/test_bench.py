@@ -33,18 +33,15 @@ def test_every_shape_runs_and_every_row_names_its_ceiling(tmp_path: Path) -> Non
     assert "| row |" in report.markdown(result)
 
 
-def test_the_command_line_writes_json_markdown_and_a_plot(tmp_path: Path, monkeypatch: Any, cli: Any) -> None:
+def test_the_command_line_writes_json_markdown_and_a_plot(tmp_path: Path, cli: Any) -> None:
     pytest.importorskip("matplotlib", reason="the plot needs matplotlib (the bench extra)")
-    import sessionlog.bench as bench
-
-    real = bench.run
-    monkeypatch.setattr(
-        bench, "run", lambda *args, **kwargs: real(args[0], ["jsonl", "jsonl-group"], None, "tiny", False)
-    )
     out = tmp_path / "out"
     out.mkdir()
     run = cli(
         "bench",
+        "--tiny",
+        "--backends",
+        "jsonl,jsonl-group",
         "--dir",
         str(tmp_path),
         "--json",

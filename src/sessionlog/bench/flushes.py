@@ -11,10 +11,16 @@ partition's flushes are counted by its parent disk, so a partition is resolved t
 overlay and other filesystems without a block device, or a kernel without the field, have no
 counter: `FlushCounter.unavailable` says why, and a run then never calls a row "not syncing".
 
-Attribution: the counter is the device's, not the process's. Other work on the machine that
-syncs adds flushes to a row's window (so a count can only err towards "it synced", never accuse
-an honest row); work that writes without syncing (a disk hog of buffered writes) adds at most the
-filesystem's periodic journal commit, a few per 5 seconds.
+Attribution: the counter is the device's, not the process's. It is read at the start and the end
+of the timed part of each round (`measure.Window`: the commits only, not the creation and removal
+of the sessions around them), so a one-committer row of a backend that never syncs is a window of
+a few microseconds a commit, into which little of the machine's other work falls. Other work that
+syncs adds flushes to a row's window, so a count can only err towards "it synced", never accuse
+an honest row; work that writes without syncing (a disk hog of buffered writes) adds at most the
+filesystem's periodic journal commit, a few per 5 seconds. An honest row's commits each wait for
+at least one completed flush (the block layer merges concurrent flush requests, but a request
+waits for a flush that starts after it), so it shows at least one flush a commit however busy
+the device is.
 """
 
 from __future__ import annotations

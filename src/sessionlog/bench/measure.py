@@ -19,6 +19,21 @@ from typing import Any
 Job = Callable[[], tuple[int, float, list[float]]]  # -> (operations, seconds, latencies in s)
 
 
+class RowFailed(RuntimeError):
+    """A row's round raised: the row and the error, in one line (the run stops, its scratch goes)."""
+
+    def __init__(self, row: str, error: Exception) -> None:
+        self.row = row
+        cause = error.__cause__ or error.__context__
+        because = f" (because {_one_line(cause)})" if cause is not None else ""
+        super().__init__(f"the row {row!r} failed: {_one_line(error)}{because}")
+
+
+def _one_line(error: BaseException) -> str:
+    detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {detail}" if detail else type(error).__name__
+
+
 @dataclass
 class Measured:
     """The rounds of one row."""
@@ -54,19 +69,60 @@ class Measured:
         }
 
 
+class Window:
+    """The device's flush counter read at the start and at the end of the timed part of a round
+    (its commits, not the creation, closing and removal of its sessions around them): the
+    shorter the window, the fewer flushes of other work on the machine fall into a row's count.
+    The timing helpers (`timed`, `shapes.in_threads`, `shapes._in_tasks`) open and close it; a
+    job that does not is counted from just before to just after the whole round."""
+
+    def __init__(self) -> None:
+        self.read: Callable[[], int | None] | None = None
+        self.first: int | None = None
+        self.last: int | None = None
+
+    def begin(self, read: Callable[[], int | None] | None) -> None:
+        self.read, self.first, self.last = read, None, None
+
+    def start(self) -> None:
+        if self.read is not None and self.first is None:
+            self.first = self.read()
+
+    def stop(self) -> None:
+        if self.read is not None and self.first is not None:
+            self.last = self.read()
+
+    def counted(self) -> int | None:
+        """The flushes between start and stop; None when the round never opened the window."""
+        if self.first is None or self.last is None:
+            return None
+        return self.last - self.first
+
+
+WINDOW = Window()  # the round being measured: one at a time (`alternate` runs rounds in turn)
+
+
 def alternate(
     jobs: Mapping[str, Job], rounds: int, flushes: Callable[[], int | None] | None = None
 ) -> dict[str, Measured]:
     """Round r of every job before round r + 1 of any. `flushes`: the device's flush counter
-    (`flushes.FlushCounter.read`), read before and after each round of each job."""
+    (`flushes.FlushCounter.read`), read at the start and the end of each round's timed part
+    (`Window`)."""
     measured = {name: Measured() for name in jobs}
     for _ in range(rounds):
         for name, job in jobs.items():
             before = flushes() if flushes else None
-            done = job()
+            WINDOW.begin(flushes)
+            try:
+                done = job()
+            except Exception as error:
+                raise RowFailed(name, error) from error
+            finally:
+                windowed = WINDOW.counted()
+                WINDOW.begin(None)
             after = flushes() if flushes else None
-            counted = after - before if before is not None and after is not None else None
-            measured[name].add(*done, flushes=counted)
+            whole = after - before if before is not None and after is not None else None
+            measured[name].add(*done, flushes=windowed if windowed is not None else whole)
     return measured
 
 
@@ -76,15 +132,23 @@ def paired_ratio(row: Measured, ceiling: Measured) -> float:
     return statistics.median(pairs) if pairs else 0.0
 
 
-def timed(operations: int, operation: Callable[[int], Any]) -> tuple[int, float, list[float]]:
-    """Run `operation(i)` for i in range(operations), each timed."""
+def timed(
+    operations: int, operation: Callable[[int], Any], window: bool = True
+) -> tuple[int, float, list[float]]:
+    """Run `operation(i)` for i in range(operations), each timed; `window`: this is the round's
+    timed part (`Window`), not one thread's share of it."""
     import time
 
     clock = time.perf_counter
     latencies = []
+    if window:
+        WINDOW.start()
     start = clock()
     for index in range(operations):
         began = clock()
         operation(index)
         latencies.append(clock() - began)
-    return operations, clock() - start, latencies
+    elapsed = clock() - start
+    if window:
+        WINDOW.stop()
+    return operations, elapsed, latencies

@@ -29,7 +29,7 @@ import sessionlog
 from sessionlog.backends.jsonl_file import DEFAULT_OPS
 from sessionlog.core import facts as F
 
-from .measure import Job, timed
+from .measure import WINDOW, Job, timed
 
 HEADER: dict[str, Any] = {"provider": "bench", "model": "bench", "cwd": "/bench"}
 TEXT = "x" * 380  # a user message of this makes a ~500-byte line
@@ -66,16 +66,19 @@ def in_threads(sessions: int, commits: int, commit: Any) -> tuple[int, float, li
 
     def run(session: int) -> None:
         start_line.wait()
-        latencies[session] = timed(commits, lambda index: commit(session, index))[2]
+        latencies[session] = timed(commits, lambda index: commit(session, index), window=False)[2]
 
     threads = [threading.Thread(target=run, args=(session,)) for session in range(sessions)]
     for thread in threads:
         thread.start()
+    WINDOW.start()
     start_line.wait()
     start = time.perf_counter()
     for thread in threads:
         thread.join()
-    return sessions * commits, time.perf_counter() - start, [value for mine in latencies for value in mine]
+    elapsed = time.perf_counter() - start
+    WINDOW.stop()
+    return sessions * commits, elapsed, [value for mine in latencies for value in mine]
 
 
 async def _in_tasks(sessions: int, commits: int, commit: Any) -> tuple[int, float, list[float]]:
@@ -89,9 +92,12 @@ async def _in_tasks(sessions: int, commits: int, commit: Any) -> tuple[int, floa
             await commit(session, index)
             latencies.append(clock() - began)
 
+    WINDOW.start()
     start = clock()
     await asyncio.gather(*(run(session) for session in range(sessions)))
-    return sessions * commits, clock() - start, latencies
+    elapsed = clock() - start
+    WINDOW.stop()
+    return sessions * commits, elapsed, latencies
 
 
 def _sized_loop(workers: int) -> asyncio.AbstractEventLoop:
@@ -102,15 +108,18 @@ def _sized_loop(workers: int) -> asyncio.AbstractEventLoop:
     return loop
 
 
-def sessions_job(scratch: Scratch, backend: str, sessions: int, commits: int, facts: int = 1) -> Job:
-    info = sessionlog.backends()[backend]
+def sessions_job(
+    scratch: Scratch, backend: str, sessions: int, commits: int, facts: int = 1, registry: Any = None
+) -> Job:
+    """`registry`: where `backend` is registered (None: the default one, third-party plugins too)."""
+    info = sessionlog.backends(registry)[backend]
 
     def run() -> tuple[int, float, list[float]]:
         folder = scratch.fresh()
         paths = [folder / f"{number}.session" for number in range(sessions)]
         try:
             if info.api == "sync":
-                stores = [sessionlog.create(path, backend, **HEADER) for path in paths]
+                stores = [sessionlog.create(path, backend, registry=registry, **HEADER) for path in paths]
                 try:
                     return in_threads(
                         sessions,
@@ -122,7 +131,10 @@ def sessions_job(scratch: Scratch, backend: str, sessions: int, commits: int, fa
                         store.close()
 
             async def main() -> tuple[int, float, list[float]]:
-                stores = [await sessionlog.create_async(path, backend, **HEADER) for path in paths]
+                stores = [
+                    await sessionlog.create_async(path, backend, registry=registry, **HEADER)
+                    for path in paths
+                ]
                 try:
                     return await _in_tasks(
                         sessions,
@@ -144,14 +156,18 @@ def sessions_job(scratch: Scratch, backend: str, sessions: int, commits: int, fa
     return run
 
 
-def committers_job(scratch: Scratch, backend: str, committers: int, commits: int) -> Job:
+def committers_job(
+    scratch: Scratch, backend: str, committers: int, commits: int, registry: Any = None
+) -> Job:
     """One session of an async backend, `committers` tasks committing at once."""
 
     def run() -> tuple[int, float, list[float]]:
         folder = scratch.fresh()
 
         async def main() -> tuple[int, float, list[float]]:
-            store = await sessionlog.create_async(folder / "one.session", backend, **HEADER)
+            store = await sessionlog.create_async(
+                folder / "one.session", backend, registry=registry, **HEADER
+            )
             try:
                 return await _in_tasks(
                     committers, commits, lambda task, index: store.commit(transaction(index, 1))

@@ -1,0 +1,170 @@
+"""`sessionlog bench` on the command line: its options, where it may write, its exit status.
+
+Exit status (distinct from the other `sessionlog` commands', whose 1, 3 and 4 mean a bad
+session, a session in use and a blocked recovery):
+
+* 0: the run finished; every verdict it could reach was that the rows synced as their class
+  promises (a row above its ceiling is reported, never an exit on its own);
+* 2: usage: a bad argument, an unknown backend or shape, a `--dir` that is missing, not a
+  directory or not writable, a `--postgres` on which no scratch database can be made;
+* 5: a row was caught not syncing: a power-class row with one committer made fewer device
+  flushes than half its commits (`report.flush_evidence`); the rows are named;
+* 6: a row failed (it raised): the row and the error are named, the run stops;
+* 130: interrupted (Ctrl-C).
+
+In every case the scratch folder and the scratch database are gone before it exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import sessionlog
+
+from . import runner
+from .measure import RowFailed
+from .peers import peers as all_peers
+from .places import PlaceError, ScratchDatabase, check_directory
+from .report import markdown, not_syncing, plot, recommend, text
+
+if TYPE_CHECKING:
+    from ..plugins.registry import Registry
+
+EXIT_OK, EXIT_USAGE, EXIT_NOT_SYNCING, EXIT_ROW_FAILED, EXIT_INTERRUPTED = 0, 2, 5, 6, 130
+PROG = "sessionlog bench"
+EPILOG = (
+    "exit status (distinct from the other sessionlog commands'): 0 the run finished and no row was "
+    "caught not syncing; 2 usage (a bad argument, a missing, non-directory or read-only --dir, a "
+    "--postgres where no scratch database can be made); 5 a row was caught not syncing (a "
+    "power-class row with one committer made fewer device flushes than half its commits; named); "
+    "6 a row failed (named, with its error); 130 interrupted. Scratch files and the scratch "
+    "database are removed in every case."
+)
+
+
+def parser() -> argparse.ArgumentParser:
+    described = (runner.__doc__ or "").split("\n")[0]
+    made = argparse.ArgumentParser(
+        prog=PROG,
+        description="Which backend to choose, measured on your own disk. " + described,
+        epilog=EPILOG,
+    )
+    made.add_argument(
+        "--dir", help="the filesystem under test (a scratch folder is made there, then removed)"
+    )
+    made.add_argument("--backends", help="comma-separated registered backends (default: all)")
+    made.add_argument(
+        "--postgres",
+        metavar="URL",
+        help="a PostgreSQL server for its rows: they run in a scratch database made on it and dropped "
+        "after (the role needs CREATEDB); default: a throwaway local server when one can start",
+    )
+    made.add_argument(
+        "--shape",
+        default=runner.SHAPES,
+        help="the shapes to run, letters of abcde (a: 1 committer, b: 64 committers, c: N sessions, "
+        "d: loading, e: list and unfinished; default: all)",
+    )
+    size = made.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="the default: about 2 minutes")
+    size.add_argument("--full", action="store_true", help="more rounds, 256 sessions, 100k-fact loads")
+    size.add_argument(
+        "--tiny", action="store_true", help="a smoke test of the shapes: seconds, numbers too small to trust"
+    )
+    made.add_argument("--json", metavar="FILE", help="every row, as JSON")
+    made.add_argument("--markdown", metavar="FILE", help="the tables and the recommendation")
+    made.add_argument("--plot", metavar="FILE", help="a PNG: one panel per shape (needs matplotlib)")
+    return made
+
+
+def _postgres_wanted(backends: list[str] | None, shapes: str) -> bool:
+    """PostgreSQL rows: the repository's (c, e) and the PostgreSQL peers' (a, c)."""
+    return (backends is None or "postgresql-repository" in backends) and bool(set(shapes) & set("ace"))
+
+
+def main(argv: list[str] | None = None, *, registry: Registry | None = None) -> int:
+    """Run the bench; return its exit status (EXIT_*). `registry`: where the backends are
+    registered (None: the default registry, third-party plugins too)."""
+    made = parser()
+    args = made.parse_args(argv)
+    known = set(sessionlog.backends(registry)) | {f"{kind}-repository" for kind in runner.REPOSITORIES}
+    backends = args.backends.split(",") if args.backends else None
+    if backends and not set(backends) <= known:
+        unknown = ", ".join(sorted(set(backends) - known))
+        names = ", ".join(sorted(known))
+        made.error(f"--backends: not a registered backend nor a repository: {unknown} (known: {names})")
+    if not args.shape or not set(args.shape) <= set(runner.SHAPES):
+        made.error(f"--shape: letters of {runner.SHAPES}, not {args.shape!r}")
+    only = "".join(letter for letter in runner.SHAPES if letter in args.shape)
+    mode = "full" if args.full else "tiny" if args.tiny else "quick"
+    try:
+        directory = check_directory(args.dir)
+    except PlaceError as error:
+        return _say(str(error), EXIT_USAGE)
+    try:
+        result = _run_in_scratch(args, directory, backends, only, mode, registry)
+    except PlaceError as error:
+        return _say(str(error), EXIT_USAGE)
+    except RowFailed as error:
+        return _say(f"{error}; nothing is left of the run", EXIT_ROW_FAILED)
+    except KeyboardInterrupt:
+        return _say("interrupted; the scratch folder and database are removed", EXIT_INTERRUPTED)
+    result["recommendation"] = recommend(result["rows"])
+    print(text(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(result))
+    if args.plot:
+        plot(result, Path(args.plot))
+    unsynced = not_syncing(result)
+    if unsynced:
+        print(
+            f"NOT SYNCING (device flushes, not timing; exit {EXIT_NOT_SYNCING}): {'; '.join(unsynced)}",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_SYNCING
+    return EXIT_OK
+
+
+def _say(message: str, status: int) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return status
+
+
+def _run_in_scratch(
+    args: argparse.Namespace,
+    directory: str,
+    backends: list[str] | None,
+    only: str,
+    mode: str,
+    registry: Registry | None,
+) -> dict[str, Any]:
+    """The run, its PostgreSQL rows in a scratch database: on `--postgres`'s server, else on a
+    throwaway local server when one can start (else those rows are skipped, with the reason)."""
+    server, unavailable, url = None, None, args.postgres
+    if url is None and _postgres_wanted(backends, only):
+        try:
+            from ..testing.postgres import PostgresServer
+
+            server = PostgresServer.start()
+            url = server.url
+        except Exception as error:
+            unavailable = f"no --postgres URL and no local server could be started: {error}"[:300]
+    try:
+        if url is None or not _postgres_wanted(backends, only):
+            result = runner.run(directory, backends, None, mode, True, all_peers(None), only, registry)
+        else:
+            with ScratchDatabase(url) as scratch:
+                peers = all_peers(scratch)
+                result = runner.run(directory, backends, scratch, mode, True, peers, only, registry)
+    finally:
+        if server is not None:
+            server.stop()
+    if unavailable:
+        result["skipped"].append({"name": "the PostgreSQL rows", "reason": unavailable})
+    return result

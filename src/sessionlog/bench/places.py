@@ -1,0 +1,101 @@
+"""Where a run writes, never into the user's data.
+
+* `check_directory(path)`: a `--dir` that is missing, not a directory or not writable is
+  `PlaceError` naming it and why (the command exits 2, no traceback); the run itself writes only
+  into a scratch folder it makes under it (`shapes.Scratch`) and removes, also when interrupted.
+* `ScratchDatabase(url)`: with `--postgres URL` every PostgreSQL row (the repository, the peers,
+  the listing of 10,000 sessions) runs in a database the bench creates on that server for the
+  run (`sessionlog_bench_<random>`) and drops at the end, also on Ctrl-C and on failure
+  (`DROP DATABASE ... WITH (FORCE)`: connections a failed row left open do not keep it alive).
+  A database, not a schema: the repository keeps its tables in the schema `sessionlog`, which a
+  search path would not move. The role needs CREATEDB; without it the PostgreSQL rows are skipped
+  with the reason, and nothing is written into the URL's database.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+from pathlib import Path
+from types import TracebackType
+from urllib.parse import urlsplit, urlunsplit
+
+PREFIX = "sessionlog_bench_"
+
+
+class PlaceError(ValueError):
+    """A `--dir` or `--postgres` the bench cannot use; the message names it and why."""
+
+
+def check_directory(path: str | None) -> str:
+    """The folder scratch files go under: `path`, or the system's temporary directory."""
+    where = path if path is not None else tempfile.gettempdir()
+    try:
+        is_dir = Path(where).is_dir()
+        exists = is_dir or Path(where).exists()
+    except OSError as error:  # a path through a regular file, a name too long
+        raise PlaceError(f"--dir {where}: {error.strerror or error}") from None
+    if not exists:
+        raise PlaceError(f"--dir {where}: no such directory")
+    if not is_dir:
+        raise PlaceError(f"--dir {where}: not a directory")
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise PlaceError(f"--dir {where}: not writable (read-only filesystem or no permission)")
+    try:  # what access() cannot tell (a read-only mount seen by root, a full disk)
+        probe = tempfile.mkdtemp(prefix="sessionlog-bench-probe-", dir=where)
+        os.rmdir(probe)
+    except OSError as error:
+        raise PlaceError(f"--dir {where}: cannot create a folder there: {error.strerror or error}") from None
+    return where
+
+
+def database_url(url: str, database: str) -> str:
+    """`url` with its database replaced by `database` (user, password, host and options kept)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise PlaceError("--postgres: not a postgresql:// URL")
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+def where(url: str) -> str:
+    """`url` without its password: host, port and database, for messages."""
+    parts = urlsplit(url)
+    return f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path or '/'}"
+
+
+class ScratchDatabase:
+    """`with ScratchDatabase(url) as scratch_url:` a database made for the run, dropped after."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.name = f"{PREFIX}{secrets.token_hex(6)}"
+        self.scratch_url = database_url(url, self.name)
+
+    def _execute(self, sql: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as connection:
+            connection.execute(sql)
+
+    def __enter__(self) -> str:
+        try:
+            self._execute(f'create database "{self.name}"')
+        except Exception as error:  # psycopg's errors, unreachable servers: one line, no password
+            message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise PlaceError(
+                f"--postgres {where(self.url)}: cannot create the scratch database {self.name} "
+                f"({message}); the bench writes only there, never into the URL's own database"
+            ) from None
+        return self.scratch_url
+
+    def drop(self) -> None:
+        self._execute(f'drop database if exists "{self.name}" with (force)')
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        try:
+            self.drop()
+        except KeyboardInterrupt:  # a second Ctrl-C while dropping: try once more, then give up
+            self.drop()

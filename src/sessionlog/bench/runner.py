@@ -1,0 +1,344 @@
+"""One run of `sessionlog bench`: every shape chosen, its rows beside their ceilings (`run`), and
+how much to measure (`Plan`). The command line is `command`."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import sessionlog
+
+from . import shapes
+from .flushes import FlushCounter
+from .measure import Job, alternate, paired_ratio
+
+if TYPE_CHECKING:
+    from ..plugins.registry import Registry
+
+SHAPES = "abcde"  # `--shape`: (a) one committer, (b) 64 committers, (c) N sessions, (d) load, (e) list
+REPOSITORIES = ("directory", "sqlite", "postgresql")  # `--backends` names them `KIND-repository`
+
+
+class Plan:
+    """How much to measure: `quick` (the default, about 2 minutes on 2 cores), `full`, or `tiny`
+    (a smoke test of every shape: numbers too small to mean anything)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.rounds = {"full": 5, "quick": 3, "tiny": 1}[mode]
+        self.sessions = {"full": (16, 64, 256), "quick": (16, 64), "tiny": (4,)}[mode]
+        self.loads = {"full": (1_000, 10_000, 100_000), "quick": (1_000, 10_000), "tiny": (200,)}[mode]
+        self.listed = 200 if mode == "tiny" else 10_000
+        self.scale = {"full": 3.0, "quick": 1.0, "tiny": 0.1}[mode]
+
+    def commits(self, durability: str, api: str, sessions: int = 1) -> int:
+        """Commits a session in one round: enough for a stable rate, little enough for 2 minutes."""
+        if sessions > 1:
+            base = 10 if durability != "process" else 30
+        else:
+            base = 60 if durability != "process" else (1000 if api == "sync" else 300)
+        return max(2, int(base * self.scale))
+
+
+def run(
+    directory: str | None = None,
+    backends: list[str] | None = None,
+    postgres: str | None = None,
+    mode: str = "quick",
+    progress: bool = True,
+    peers: Sequence[shapes.Peer] = (),
+    only: str = SHAPES,
+    registry: Registry | None = None,
+) -> dict[str, Any]:
+    """Every shape of `only` (letters of SHAPES); `peers`: the other libraries (`peers.peers`; one
+    that cannot open is listed as skipped with the reason, never estimated); `registry`: where the
+    backends are registered (None: the default registry, third-party plugins too). A row that
+    raises stops the run (`RowFailed`); the scratch folder goes in every case."""
+    plan = Plan(mode)
+    unknown_shapes = set(only) - set(SHAPES)
+    if unknown_shapes or not only:
+        raise ValueError(f"shapes are letters of {SHAPES}, not {only!r}")
+    infos = sessionlog.backends(registry)
+    chosen = set(backends) if backends else None
+    unknown = (chosen or set()) - set(infos) - {f"{kind}-repository" for kind in REPOSITORIES}
+    if unknown:
+        raise ValueError(
+            f"not a registered backend nor a repository: {', '.join(sorted(unknown))}; backends: "
+            f"{', '.join(infos)}; repositories: {', '.join(f'{kind}-repository' for kind in REPOSITORIES)}"
+        )
+    names = [name for name in infos if chosen is None or name in chosen]
+
+    def repository_on(kind: str) -> bool:
+        return chosen is None or f"{kind}-repository" in chosen
+
+    scratch = shapes.Scratch(directory)
+    counter = FlushCounter(scratch.root)
+    rows: list[dict[str, Any]] = []
+    usable: list[shapes.Peer] = []
+    skipped: list[dict[str, str]] = []
+    started = time.monotonic()
+
+    def say(message: str) -> None:
+        if progress:
+            print(f"[{time.monotonic() - started:5.1f}s] {message}", file=sys.stderr, flush=True)
+
+    def measure(shape: str, jobs: dict[str, tuple[Job, dict[str, Any]]], ceilings: dict[str, Job]) -> None:
+        """Alternate every job with the ceilings of its class; one row each."""
+        everything = {**ceilings, **{name: job for name, (job, _) in jobs.items()}}
+        measured = alternate(everything, plan.rounds, counter.read if counter.device else None)
+        for name in ceilings:
+            rows.append({"shape": shape, "name": name, "kind": "ceiling", **measured[name].summary()})
+        for name, (_, meta) in jobs.items():
+            ceiling = meta.get("ceiling")
+            row = {
+                "shape": shape,
+                "name": name,
+                "kind": meta.get("kind", "backend"),
+                **meta,
+                **measured[name].summary(),
+            }
+            if ceiling in measured:
+                row["ceiling_per_s"] = measured[ceiling].summary()["per_s"]
+                row["vs_ceiling"] = paired_ratio(measured[name], measured[ceiling])
+            rows.append(row)
+
+    try:
+        for peer in peers:
+            try:  # one session opened and closed: a peer that is not installed or fails is a skip
+                commit, close = peer.open(scratch.fresh(), 0)
+                commit(0)
+                close()
+                usable.append(peer)
+            except Exception as error:
+                skipped.append({"name": peer.name, "reason": f"{type(error).__name__}: {error}"[:200]})
+        # (a) one session, one committer
+        for facts in (1, 10) if "a" in only else ():
+            say(f"one session, one committer, {facts}-fact transactions")
+            jobs = {}
+            for name in names:
+                info = infos[name]
+                commits = plan.commits(info.durability, info.api)
+                ceiling = _ceiling(info.durability, 1, info.syncs_filesystem)
+                jobs[name] = (
+                    shapes.sessions_job(scratch, name, 1, commits, facts, registry),
+                    {"durability": info.durability, "api": info.api, "ceiling": ceiling},
+                )
+            for peer in usable if facts == 1 else ():  # a peer commits one message
+                jobs[f"peer: {peer.name}"] = (
+                    shapes.peer_job(scratch, peer, 1, plan.commits(peer.durability, "sync")),
+                    {"durability": peer.durability, "kind": "peer", "ceiling": _ceiling(peer.durability, 1)},
+                )
+            kinds = ["write+fdatasync", "os.write"]
+            if any(infos[name].syncs_filesystem for name in names):
+                kinds.insert(1, "write+syncfs")
+            ceilings = {
+                kind: shapes.ceiling_job(
+                    scratch, 1, plan.commits("process" if kind == "os.write" else "power", "sync"), kind
+                )
+                for kind in kinds
+            }
+            measure(f"a: 1 session, 1 committer, {facts} fact{'s' if facts > 1 else ''}", jobs, ceilings)
+        # (b) one session, 64 committers
+        async_names = [name for name in names if infos[name].api == "async"]
+        if async_names and "b" in only:
+            say("one session, 64 committers")
+            jobs = {
+                name: (
+                    shapes.committers_job(
+                        scratch, name, 64, 10 if infos[name].durability != "process" else 30, registry
+                    ),
+                    {
+                        "durability": infos[name].durability,
+                        "api": "async",
+                        "ceiling": "64 threads: write+fdatasync",
+                    },
+                )
+                for name in async_names
+            }
+            measure(
+                "b: 1 session, 64 committers",
+                jobs,
+                {
+                    "64 threads: write+fdatasync": shapes.ceiling_job(
+                        scratch, 64, plan.commits("power", "sync", 64), "write+fdatasync"
+                    )
+                },
+            )
+        # (c) N sessions, one writer each
+        for sessions in plan.sessions if "c" in only else ():
+            say(f"{sessions} sessions, one writer each")
+            jobs = {}
+            for name in names:
+                info = infos[name]
+                jobs[name] = (
+                    shapes.sessions_job(
+                        scratch,
+                        name,
+                        sessions,
+                        plan.commits(info.durability, info.api, sessions),
+                        registry=registry,
+                    ),
+                    {
+                        "durability": info.durability,
+                        "api": info.api,
+                        "ceiling": f"{sessions} threads: "
+                        + ("write+fdatasync" if info.durability != "process" else "os.write"),
+                    },
+                )
+            for durability in ("power", "process") if repository_on("sqlite") else ():
+                label = f"sqlite repository, async ({durability})"
+                jobs[label] = (
+                    shapes.repository_job(
+                        lambda: f"sqlite:///{scratch.fresh() / 'sessions.db'}",
+                        sessions,
+                        plan.commits(durability, "async", sessions),
+                        durability=durability,
+                    ),
+                    {
+                        "durability": durability,
+                        "api": "async",
+                        "kind": "repository",
+                        "ceiling": f"{sessions} threads: "
+                        + ("write+fdatasync" if durability == "power" else "os.write"),
+                    },
+                )
+            for peer in usable:
+                if peer.concurrent:
+                    jobs[f"peer: {peer.name}, a thread a session"] = (
+                        shapes.peer_job(
+                            scratch, peer, sessions, plan.commits(peer.durability, "sync", sessions)
+                        ),
+                        {
+                            "durability": peer.durability,
+                            "kind": "peer",
+                            "ceiling": _ceiling(peer.durability, sessions),
+                        },
+                    )
+            if postgres and repository_on("postgresql"):
+                jobs["postgresql repository, async (power)"] = (
+                    shapes.repository_job(
+                        lambda: postgres, sessions, plan.commits("power", "async", sessions)
+                    ),
+                    {
+                        "durability": "power",
+                        "api": "async",
+                        "kind": "repository",
+                        "ceiling": f"{sessions} threads: write+fdatasync",
+                    },
+                )
+            ceilings = {
+                f"{sessions} threads: write+fdatasync": shapes.ceiling_job(
+                    scratch, sessions, plan.commits("power", "sync", sessions), "write+fdatasync"
+                ),
+                f"{sessions} threads: os.write": shapes.ceiling_job(
+                    scratch, sessions, plan.commits("process", "sync", sessions), "os.write"
+                ),
+            }
+            measure(f"c: {sessions} sessions, one writer each", jobs, ceilings)
+        # (d) loading
+        folder = scratch.fresh()
+        loads = [(facts, 0) for facts in plan.loads] + [
+            (plan.loads[-1], compactions) for compactions in (10, 50)
+        ]
+        if "d" not in only:
+            loads = []
+        for facts, compactions in loads:
+            label = f"d: load {facts:,} facts" + (f", {compactions} compactions" if compactions else "")
+            say(label[3:])
+            path = shapes.write_session(folder, facts, compactions)
+            measure(
+                label,
+                {
+                    "reduce (every backend's load)": (
+                        shapes.load_job(path),
+                        {"durability": "-", "ceiling": "split + orjson.loads", "unit": "facts/s"},
+                    )
+                },
+                {"split + orjson.loads": shapes.parse_ceiling_job(path)},
+            )
+        # (e) listing
+        if "e" in only:
+            say(f"list and unfinished over {plan.listed:,} sessions")
+        places: dict[str, Callable[[], Any]] = {
+            "directory": lambda: sessionlog.repository(scratch.fresh(), backend="jsonl"),
+            "sqlite": lambda: sessionlog.repository(
+                f"sqlite:///{scratch.fresh() / 'list.db'}", durability="process"
+            ),
+            "postgresql": lambda: sessionlog.repository(postgres) if postgres else None,
+        }
+        repos: dict[str, Any] = {}
+        try:
+            for kind, make in places.items() if "e" in only else ():
+                if repository_on(kind) and (repo := make()) is not None:
+                    repos[kind] = repo
+            jobs = {}
+            for kind, repo in repos.items():
+                shapes.fill_repository(repo, plan.listed)
+                repo.list(limit=None)  # a directory builds its index once
+                for call in ("list", "unfinished"):
+                    jobs[f"{kind}: {call}"] = (
+                        shapes.listing_job(repo, call),
+                        {"durability": "-", "unit": "calls/s"},
+                    )
+            if jobs:
+                measure(f"e: list and unfinished over {plan.listed:,} sessions", jobs, {})
+        finally:
+            for repo in repos.values():
+                repo.close()
+    finally:
+        scratch.remove()
+    return {
+        "rows": rows,
+        "skipped": skipped,
+        "machine": machine(directory),
+        "mode": mode,
+        "flushes": counter.describe(),
+        "flush_device": counter.device,
+        "seconds": round(time.monotonic() - started, 1),
+        "shapes": only,
+    }
+
+
+def _ceiling(durability: str, sessions: int, syncs_filesystem: bool = False) -> str:
+    """The name of the ceiling a row of `durability` with `sessions` writers is measured against:
+    one session's is the bare form of its own sync; many sessions' is always N threads each
+    writing and fdatasyncing its own file (what a writer per session would reach)."""
+    if durability == "process":
+        kind = "os.write"
+    elif sessions == 1 and syncs_filesystem:
+        kind = "write+syncfs"
+    else:
+        kind = "write+fdatasync"
+    return kind if sessions == 1 else f"{sessions} threads: {kind}"
+
+
+def machine(directory: str | None) -> dict[str, Any]:
+    import importlib.metadata
+    import sqlite3
+
+    where = directory or os.environ.get("TMPDIR", "/tmp")
+    filesystem = "?"
+    try:
+        best = ""
+        for line in Path("/proc/mounts").read_text().splitlines():
+            _, point, kind, *_ = line.split()
+            if Path(where).resolve().as_posix().startswith(point) and len(point) > len(best):
+                best, filesystem = point, f"{kind} on {point}"
+    except OSError:
+        pass
+    return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "sessionlog": importlib.metadata.version("sessionlog"),
+        "sqlite": sqlite3.sqlite_version,
+        "directory": where,
+        "filesystem": filesystem,
+    }
