@@ -71,32 +71,35 @@ def test_the_loop_commits_intent_before_effect_and_finishes(tmp_path: Path) -> N
     state = session.state
     assert state.is_idle and state.last_finished == outcome
     assert state.usage.input == 30
-    # every intent of a step is in one transaction, before the first result
+    # each intent is its own transaction, right before its tool's result
     lines = (tmp_path / "s.jsonl").read_bytes().splitlines()
-    intents = [line for line in lines if b'"toolStarted"' in line]
-    assert len(intents) == 2 and all(line.count(b'"toolStarted"') == 2 for line in intents)
+    intents = [number for number, line in enumerate(lines) if b'"toolStarted"' in line]
+    assert len(intents) == 4 and all(lines[number].count(b'"toolStarted"') == 1 for number in intents)
+    assert all(b'"toolStartedId"' in lines[number + 1] for number in intents)
     snapshot = next(json.loads(line) for line in lines if b'"stepAttempt"' in line)["record"]
     assert snapshot["configurationDigest"] == session.configuration.current["configurationDigest"]
     session.store.close()
 
 
-def test_resume_replays_a_safe_read_and_never_runs_bash_twice(tmp_path: Path) -> None:
+def test_resume_never_runs_bash_twice(tmp_path: Path) -> None:
     effects = Effects()
     session = _session(tmp_path, effects)
     run = session.start("do it")
     attempt = run.attempt()
     attempt.settle(*model(0))
-    calls = run.start_tools()  # both intents durable; then the process dies before any result
+    calls = run.start_tools()
     assert [call.name for call in calls] == ["read", "bash"]
+    calls[0].run()
+    calls[1].begin()  # bash's intent is durable; then the process dies: it may have run
     session.store.close()
     resumed = _session(tmp_path, effects)
     again = resumed.resume()
-    assert again is not None and again.needs_model  # read replayed, bash settled as interrupted
+    assert again is not None and again.needs_model  # bash settled as interrupted
     assert effects.log == ["read f0"]
     results = [m["content"] for m in resumed.state.transcript if m["role"] == "tool"]
     assert results[0] == "contents of f0" and results[1].startswith("Operation interrupted")
     _loop(resumed, again)
-    assert effects.log == ["read f0", "read f1", "bash c1"]  # bash c0 never ran
+    assert effects.log == ["read f0", "read f1", "bash c1"]  # bash c0 never ran (here)
     resumed.store.close()
 
 
@@ -109,7 +112,8 @@ def test_resume_retries_an_open_attempt_and_a_second_loss_blocks_until_abort(tmp
     assert again.attempt().number == 2  # the same step, once more
     blocked = session.resume()
     assert blocked is not None and not blocked.needs_model
-    assert blocked.blocked == {"type": "blocked", "reason": "attempts_exhausted"}
+    assert blocked.blocked is not None and blocked.blocked.reason == "attempts_exhausted"
+    assert blocked.blocked.plan == {"type": "blocked", "reason": "attempts_exhausted"}
     assert blocked.abort()["outcome"] == "aborted"
     assert session.state.is_idle and session.resume() is None
     session.store.close()
@@ -238,28 +242,59 @@ def test_plans_are_typed_for_mypy_users(tmp_path: Path) -> None:
     assert checked.returncode == 1 and "toolName" in checked.stdout
 
 
-def test_the_readme_quick_start_is_short_and_runs_again_after_a_crash(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _quick_start() -> str:
     import re
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    quick = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)[0]
-    assert "sessionlog.Session" in quick and len(quick.strip().splitlines()) < 30
-    monkeypatch.chdir(tmp_path)
-    # A crash right after the intents were committed: the first run stops before any tool ran.
-    crashing = quick.replace("        call.run()", "        raise SystemExit('killed')", 1)
-    with pytest.raises(SystemExit):
-        exec(compile(crashing, "quick start", "exec"), {"__name__": "quick"})
+    quick: str = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)[0]
+    assert "sessionlog.Session" in quick and len(quick.strip().splitlines()) <= 30
+    return quick
+
+
+def _run_killed(code: str) -> None:
+    """Run the loop in this process until it 'dies' (SystemExit), then release its store as a
+    killed process's would be."""
     import gc
 
-    gc.collect()  # the dead run's store is released, as a killed process's would be
+    with pytest.raises(SystemExit):
+        exec(compile(code, "quick start", "exec"), {"__name__": "quick"})
+    gc.collect()
+
+
+def test_the_readme_quick_start_is_short_and_runs_again_after_a_kill_during_bash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    quick = _quick_start()
+    monkeypatch.chdir(tmp_path)
+    # Killed while bash runs: its intent is durable, its result is not.
+    killed = quick.replace("return f\"ran {arguments['command']}\"", "raise SystemExit('killed')", 1)
+    assert killed != quick
+    _run_killed(killed)
     exec(compile(quick, "quick start", "exec"), {"__name__": "quick"})
     assert "'outcome': 'completed'" in capsys.readouterr().out
     transcript = sessionlog.reduce_bytes((tmp_path / "agent.jsonl").read_bytes()).transcript
     results = [message["content"] for message in transcript if message["role"] == "tool"]
-    assert results[0] == "deploy with: make deploy"  # the read, replayed
+    assert results[0] == "deploy with: make deploy"  # the read's result, kept
     assert results[1].startswith("Operation interrupted")  # bash may have run: never again
+
+
+def test_the_readme_quick_start_finishes_after_two_kills_during_one_model_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    quick = _quick_start()
+    monkeypatch.chdir(tmp_path)
+    line = "    content, calls = call_model("
+    killed = quick.replace(line, "    raise SystemExit('killed'); " + line.strip(), 1)
+    assert killed != quick
+    _run_killed(killed)  # attempt 1 open, its answer lost
+    _run_killed(killed)  # attempt 2 of the same call open: blocked attempts_exhausted
+    exec(compile(quick, "quick start", "exec"), {"__name__": "quick"})
+    assert "'outcome': 'completed'" in capsys.readouterr().out
+    data = (tmp_path / "agent.jsonl").read_bytes()
+    assert data.count(b'"outcome":"failed"') == 1 and data.count(b'"outcome":"completed"') == 1
+    state = sessionlog.reduce_bytes(data)
+    results = [message["content"] for message in state.transcript if message["role"] == "tool"]
+    assert results == ["deploy with: make deploy", "ran make deploy"] and state.is_idle
 
 
 def test_create_with_exist_ok_opens_the_session_that_is_there(tmp_path: Path) -> None:

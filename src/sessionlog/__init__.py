@@ -46,7 +46,8 @@ from .recovery import (
     start_tool_facts,
 )
 from .repositories import DirectoryRepository, SessionInfo, repository
-from .runtime import Attempt, Run, RuntimeStateError, Session, ToolCall
+from .runtime import Attempt, Run, RunBlockedError, RuntimeStateError, Session, ToolCall
+from .runtime_blocked import Blocked
 from .tools import Configuration, Tool, Tools
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ __all__ = [
     "AsyncToolCall",
     "Attempt",
     "BackendInfo",
+    "Blocked",
     "CommitOutcomeUnknownError",
     "Configuration",
     "ConfigurationError",
@@ -91,6 +93,7 @@ __all__ = [
     "RepositoryError",
     "RepositoryNotFoundError",
     "Run",
+    "RunBlockedError",
     "RuntimeStateError",
     "Session",
     "SessionChangedError",

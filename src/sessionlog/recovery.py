@@ -15,6 +15,13 @@
 A replay (`startTool` mode `replay`) re-runs a declared-safe read for an intent that is already
 durable: it writes no new intent (one outcome per call, the reducer refuses a second one); the
 result goes under the intent's reserved `resultEntryId` with its `toolStartedId`.
+
+`plan_in_order(state, current)` is `plan_recovery` with one departure, for a runtime that commits
+one intent per tool right before it runs (`recover(..., in_order=True)` uses it): a pending call
+is settled (replayed, settled as interrupted, or blocked on) before a later call of the same step
+is started. The contract's rule order (rule 9, start the next call, before rule 11, settle a
+pending one) would run a later `bash` before an earlier `read` is replayed. Every fact it leads
+to is one the contract's planner would also plan, only sooner (docs/agent-loop.md).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from .core import facts as build
 from .core.canonical import configuration_digest
 from .core.errors import shown
 from .core.planner import plan_recovery
+from .core.reducer import SYNTHETIC_CONTENT
 from .core.state import SessionState, copy_json
 
 Plan = schema.Plan
@@ -60,6 +68,7 @@ __all__ = [
     "facts_for_plan",
     "needs_caller",
     "new_intent",
+    "plan_in_order",
     "recover",
     "recover_async",
     "start_step_facts",
@@ -310,12 +319,68 @@ def facts_for_plan(
     raise ValueError(f"unknown plan type {shown(kind)}")
 
 
+# -- the model's order -------------------------------------------------------------------------
+
+
+def plan_in_order(state: SessionState, current: Mapping[str, Any]) -> Plan:
+    """`plan_recovery`, except that a `startTool` start of call k while an earlier call j < k of
+    the same step is pending gives the plan rule 11 gives for that pending call: its replay, its
+    `interrupted` synthetic, or `blocked` (environment, configuration or replay declaration
+    changed). Tools then run and replay in the model's order."""
+    plan = plan_recovery(state, current)
+    if plan["type"] != "startTool" or plan["mode"] != "start":
+        return plan
+    earlier = [
+        tool
+        for tool in state.pending_tools
+        if tool["assistantEntryId"] == plan["assistantEntryId"] and tool["toolIndex"] < plan["toolIndex"]
+    ]
+    if not earlier:
+        return plan
+    return _settle_pending(state, current, min(earlier, key=lambda tool: tool["toolIndex"]))
+
+
+def _settle_pending(state: SessionState, current: Mapping[str, Any], tool: Mapping[str, Any]) -> Plan:
+    """Rule 11 for one pending intent."""
+    if tool["environmentIdentity"] != current["environmentIdentity"]:
+        return {"type": "blocked", "reason": "environment_changed"}
+    declaration = _declared(current, tool["toolName"])
+    if declaration is None or not declaration.get("definitionDigest"):
+        return {"type": "blocked", "reason": "configuration_changed"}
+    if tool["replay"] == "safe":
+        if declaration.get("replay") == "safe" and tool["replayKey"] == declaration.get("replayKey"):
+            return {
+                "type": "startTool",
+                "mode": "replay",
+                "assistantEntryId": tool["assistantEntryId"],
+                "toolIndex": tool["toolIndex"],
+                "toolStartedId": tool["toolStartedId"],
+                "toolName": tool["toolName"],
+                "arguments": copy_json(tool["arguments"]),
+            }
+        return {"type": "blocked", "reason": "replay_declaration_changed"}
+    call = state.settled_calls[tool["toolIndex"]]
+    result: Any = {
+        "assistantEntryId": tool["assistantEntryId"],
+        "toolIndex": tool["toolIndex"],
+        "toolCallId": call["id"],
+        "toolName": tool["toolName"],
+        "toolStartedId": tool["toolStartedId"],
+        "resultEntryId": tool["resultEntryId"],
+        "reason": "interrupted",
+        "content": SYNTHETIC_CONTENT["interrupted"],
+    }
+    return {"type": "appendSynthetic", "results": [result]}
+
+
 # -- the recovery loop -------------------------------------------------------------------------
 
 
-def _next(state: SessionState, current: Mapping[str, Any], previous: Plan | None) -> tuple[Plan, list[Fact]]:
+def _next(
+    state: SessionState, current: Mapping[str, Any], previous: Plan | None, in_order: bool = False
+) -> tuple[Plan, list[Fact]]:
     """The next plan and its facts; no facts when the plan is for the caller."""
-    plan = plan_recovery(state, current)
+    plan = plan_in_order(state, current) if in_order else plan_recovery(state, current)
     if needs_caller(state, plan):
         return plan, []
     if plan == previous:
@@ -328,16 +393,19 @@ def _next(state: SessionState, current: Mapping[str, Any], previous: Plan | None
     return plan, facts
 
 
-def recover(store: Store, current: Mapping[str, Any], *, on_commit: OnCommit | None = None) -> Plan:
+def recover(
+    store: Store, current: Mapping[str, Any], *, on_commit: OnCommit | None = None, in_order: bool = False
+) -> Plan:
     """Commit every plan that needs no external effect; return the first one that needs the
-    caller (`startStep`, `startTool`, `blocked`, or the idle `finish`).
+    caller (`startStep`, `startTool`, `blocked`, or the idle `finish`). `in_order`: plan with
+    `plan_in_order` (a pending call settled before a later one starts) instead of `plan_recovery`.
 
     Each effect-free plan is one transaction; `on_commit(plan, committed)` sees each. Idempotent:
     a second call commits nothing and returns the same plan. A transaction the reducer refuses
     raises ValidationError (nothing of it is written; earlier ones stay committed)."""
     previous: Plan | None = None
     while True:
-        plan, facts = _next(store.load(), current, previous)
+        plan, facts = _next(store.load(), current, previous, in_order)
         if not facts:
             return plan
         committed = store.commit(facts)
@@ -347,12 +415,16 @@ def recover(store: Store, current: Mapping[str, Any], *, on_commit: OnCommit | N
 
 
 async def recover_async(
-    store: AsyncStore, current: Mapping[str, Any], *, on_commit: OnCommit | None = None
+    store: AsyncStore,
+    current: Mapping[str, Any],
+    *,
+    on_commit: OnCommit | None = None,
+    in_order: bool = False,
 ) -> Plan:
     """`recover` for an AsyncSessionStore."""
     previous: Plan | None = None
     while True:
-        plan, facts = _next(await store.load(), current, previous)
+        plan, facts = _next(await store.load(), current, previous, in_order)
         if not facts:
             return plan
         committed = await store.commit(facts)

@@ -2,22 +2,28 @@
 
     session = sessionlog.Session(store, tools=[read, bash], model="provider/model")
     run = session.resume() or session.start(prompt)      # recovery first, then the new prompt
+    if run.blocked:                                      # e.g. attempt 2's answer lost too
+        run = run.restart()                              # end it truthfully, ask again
     while run.needs_model:
         attempt = run.attempt()                          # durable before the request is sent
         reply = call_model(list(session.state.active_context))
         attempt.settle(reply.content, reply.tool_calls, usage=reply.usage)
-        for call in run.start_tools():                   # every intent of the step, one transaction
-            call.run()                                   # the tool, then its result, in order
+        for call in run.start_tools():                   # the step's calls, in the model's order
+            call.run()                                   # its intent, the tool, then its result
     run.finish()
 
 Every fact is committed before the effect it describes: the prompt with its run (one
-transaction), the attempt before the model request, the answer with its usage, **all** intents
-of a step (in the model's order, one transaction) before the first tool runs, each result after
-its tool. `Session.resume` applies the recovery plan until the caller is needed: it settles what
-needs no effect, runs declared-safe reads again, settles the rest as *interrupted* (a `never`
-tool is never run twice), and returns the run whose next step is a model call, or None when
-there is nothing to resume. A `blocked` plan (the configuration changed under an open step, or
-attempt 2's answer is unknown) is for a person: `run.blocked` says why, `run.abort()` ends it.
+transaction), the attempt before the model request, the answer with its usage, each tool's
+intent right before that tool runs (`intents="tool"`, the default; `intents="step"` commits all
+intents of a step in one transaction before the first tool runs), each result after its tool.
+`Session.resume` applies the recovery plan until the caller is needed: it settles what needs no
+effect, runs declared-safe reads again, settles the rest as *interrupted* (a `never` tool is
+never run twice), always settling a pending call before a later call of its step starts
+(`recovery.plan_in_order`), and returns the run whose next step is a model call, or None when
+there is nothing to resume. A blocked run (attempt 2's answer is unknown too, or the
+configuration, environment or a replay declaration changed) is never stuck: `run.blocked` is a
+`Blocked` value with the reason and the ways out, `run.restart()`, `run.end()`, or keep it for a
+person (`runtime_blocked`); a step of a blocked run raises `RunBlockedError`. docs/agent-loop.md.
 
 The declarations (`sessionlog.tools`) make both the attempt's configuration snapshot and the
 planner's current configuration, so they cannot disagree. `AsyncSession` (in `runtime_async`)
@@ -26,7 +32,6 @@ is the same over an async store.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -34,10 +39,18 @@ import orjson
 
 from .core import facts as build
 from .core.commit import _first_non_json as first_non_json
-from .core.planner import plan_recovery
 from .core.state import SessionState
-from .recovery import Store, ToolStart, facts_for_plan, new_intent, recover, start_step_facts
-from .tools import Configuration, Tool, Tools
+from .recovery import (
+    Store,
+    ToolStart,
+    facts_for_plan,
+    new_intent,
+    plan_in_order,
+    recover,
+    start_step_facts,
+)
+from .runtime_blocked import Blocked, end_facts, run_prompt
+from .tools import Configuration, Tool, Tools, recordable_text, tool_output
 
 Fact = dict[str, Any]
 ToolCallInput = Mapping[str, Any]
@@ -48,6 +61,14 @@ its text), or already in the contract's form `{"id", "type": "function", "functi
 class RuntimeStateError(RuntimeError):
     """The runtime was asked for a step the session is not at (e.g. an attempt while tools of
     the settled step have no result)."""
+
+
+class RunBlockedError(RuntimeStateError):
+    """A step asked of a blocked run; `blocked` (a `Blocked`) says why and the ways out."""
+
+    def __init__(self, blocked: Blocked) -> None:
+        self.blocked = blocked
+        super().__init__(str(blocked))
 
 
 class AttemptOpenError(RuntimeStateError):
@@ -62,34 +83,6 @@ class InvalidAnswerError(ValueError):
     def __init__(self, path: str, what: str) -> None:
         self.path = path
         super().__init__(f"{path} is {what}, not a JSON value (nothing was written)")
-
-
-def recordable_text(text: str) -> str:
-    """The one rule for output that cannot be encoded as UTF-8 (lone surrogates, e.g. a
-    non-UTF-8 file name from `os.listdir`): each such character is written as its `\\uXXXX`
-    escape, and a note saying so is appended to the content."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        count = sum(1 for char in text if 0xD800 <= ord(char) <= 0xDFFF)
-        escaped = text.encode("utf-8", "backslashreplace").decode("utf-8")
-        return (
-            f"{escaped}\n[sessionlog: {count} character(s) not encodable as UTF-8 written as \\uXXXX escapes]"
-        )
-    return text
-
-
-def tool_output(name: str, output: object) -> tuple[str, bool]:
-    """What a tool returned, as result text: a string as it is; another JSON value as its
-    compact JSON text; anything else an error result naming its type."""
-    if isinstance(output, str):
-        return str.__str__(output), True
-    found = first_non_json(output)
-    if found is not None:
-        path, what = found
-        where = f" at {path}" if path else ""
-        return f"Error: tool {name!r} returned a value{where} {what}, not text or a JSON value", False
-    return json.dumps(output, ensure_ascii=False, separators=(",", ":")), True
 
 
 # -- what the sync and async runtimes share: state to facts ------------------------------------
@@ -144,12 +137,19 @@ def settle_facts(
     return facts
 
 
+INTENTS = ("tool", "step")
+"""When intents are committed: `tool` (default) each right before its tool runs; `step` all of a
+step in one transaction before the first tool runs (a kill during one tool then leaves the
+later, never-started ones pending: `never` tools among them are settled as interrupted)."""
+
+
 def tool_facts(
-    state: SessionState, tools: Tools, current: Mapping[str, Any]
+    state: SessionState, tools: Tools, current: Mapping[str, Any], *, intents: str = "tool"
 ) -> tuple[list[Fact], list[ToolStart]]:
-    """Every call of the settled step that has no outcome yet, in the model's order: an intent
-    for each one that can run, a pre-execution synthetic result for an unknown tool or
-    arguments that are not a JSON object. One transaction: no tool runs before all are durable."""
+    """Every call of the settled step that has no outcome yet, in the model's order: a
+    pre-execution synthetic result for an unknown tool or arguments that are not a JSON object
+    (in the facts), the intent of each one that can run (in the facts too with `intents="step"`:
+    one transaction, no tool runs before all are durable; else each is committed by `begin`)."""
     if state.settled_entry_id is None or state.step is None:
         raise RuntimeStateError("no settled model answer to start tools for")
     facts: list[Fact] = []
@@ -169,9 +169,25 @@ def tool_facts(
             )
             continue
         start = new_intent(state, index, call, arguments or {}, declared[name], current)
-        facts.extend(start.facts)
+        if intents == "step":
+            facts.extend(start.facts)
         starts.append(start)
     return facts, starts
+
+
+def begin_facts(state: SessionState, start: ToolStart) -> list[Fact]:
+    """The intent of one call, to commit right before its tool runs: refused (nothing written)
+    while an earlier call of its step has no result, so that tools run in the model's order."""
+    index = int(start.intent["toolIndex"])
+    if state.settled_entry_id != start.intent["assistantEntryId"]:
+        raise RuntimeStateError(f"call {index} is not of the step the run is at")
+    pending = {tool["toolIndex"] for tool in state.pending_tools}
+    for earlier in range(index):
+        if not state.has_outcome(earlier) or earlier in pending:
+            raise RuntimeStateError(
+                f"call {earlier} has no result yet: tools run in the model's order (run it first)"
+            )
+    return start.facts
 
 
 def _object(text: Any) -> dict[str, Any] | None:
@@ -182,15 +198,27 @@ def _object(text: Any) -> dict[str, Any] | None:
     return value if type(value) is dict else None
 
 
+def next_plan(state: SessionState, configuration: Configuration) -> Mapping[str, Any]:
+    """The runtime's next plan: `plan_in_order` (a pending call settled before a later one)."""
+    return plan_in_order(state, configuration.current)
+
+
+def check_not_blocked(plan: Mapping[str, Any]) -> None:
+    if plan["type"] == "blocked":
+        raise RunBlockedError(Blocked.of(plan))
+
+
 def attempt_facts(state: SessionState, configuration: Configuration) -> list[Fact]:
-    plan = plan_recovery(state, configuration.current)
+    plan = next_plan(state, configuration)
+    check_not_blocked(plan)
     if plan["type"] != "startStep":
         raise RuntimeStateError(f"the run's next step is {plan['type']}, not a model attempt")
     return start_step_facts(state, plan, configuration.snapshot if plan["attempt"] == 1 else None)
 
 
 def finish_facts(state: SessionState, configuration: Configuration) -> list[Fact]:
-    plan = plan_recovery(state, configuration.current)
+    plan = next_plan(state, configuration)
+    check_not_blocked(plan)
     if plan["type"] != "finish" or state.is_idle:
         raise RuntimeStateError(f"the run cannot finish yet: its next step is {plan['type']}")
     return facts_for_plan(state, plan, configuration.current)
@@ -228,12 +256,23 @@ def check_no_open_attempt(session: Any, state: SessionState) -> None:
 
 
 def needs_model(state: SessionState, configuration: Configuration) -> bool:
-    return not state.is_idle and plan_recovery(state, configuration.current)["type"] == "startStep"
+    return not state.is_idle and next_plan(state, configuration)["type"] == "startStep"
 
 
-def blocked(state: SessionState, configuration: Configuration) -> Mapping[str, Any] | None:
-    plan = plan_recovery(state, configuration.current)
-    return plan if plan["type"] == "blocked" else None
+def blocked(state: SessionState, configuration: Configuration) -> Blocked | None:
+    if state.is_idle:
+        return None
+    plan = next_plan(state, configuration)
+    return Blocked.of(plan) if plan["type"] == "blocked" else None
+
+
+def blocked_end_facts(state: SessionState, configuration: Configuration) -> tuple[list[Fact], str]:
+    """`Run.end()`'s first transaction and the run's prompt; RuntimeStateError when the run is
+    not blocked (`abort()` ends any run)."""
+    found = blocked(state, configuration)
+    if found is None:
+        raise RuntimeStateError("the run is not blocked: nothing to end or restart (abort() ends any run)")
+    return end_facts(state, found), run_prompt(state)
 
 
 def result_facts(start: ToolStart, output: str, ok: bool, usage: Mapping[str, int] | None) -> list[Fact]:
@@ -281,11 +320,20 @@ class AttemptBase:
 
 
 class ToolCallBase:
-    """A started tool call: its intent is durable; run it, then record its result."""
+    """A call of the settled step: `run()` commits its intent, runs the tool and records its
+    result; to run the tool yourself, `begin()` (the intent), then `finish(output)`."""
 
-    def __init__(self, session: Any, start: ToolStart) -> None:
+    def __init__(self, session: Any, start: ToolStart, *, begun: bool = False) -> None:
         self.session = session
         self.start = start
+        self.begun = begun
+        """Whether its intent is durable (a replay's, and every one with `intents="step"`)."""
+
+    def _check_begun(self) -> None:
+        if not self.begun:
+            raise RuntimeStateError(
+                f"call {self.index} ({self.name}) has no durable intent: begin() it before its tool runs"
+            )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} #{self.index}>"
@@ -307,7 +355,8 @@ class SessionBase:
     """What `Session` and `AsyncSession` share: the store and the configuration made from the
     declarations. `model` names the model; `system_prompt`, `adapter`, `routing` and
     `output_options` complete the configuration snapshot each attempt records; `environment`
-    is the environment identity (default: the session header's)."""
+    is the environment identity (default: the session header's); `intents` when tool intents
+    are committed (`INTENTS`: `tool`, the default, or `step`)."""
 
     def __init__(
         self,
@@ -320,7 +369,13 @@ class SessionBase:
         routing: str = "default",
         output_options: Mapping[str, Any] | None = None,
         environment: str | None = None,
+        intents: str = "tool",
     ) -> None:
+        if intents not in INTENTS:
+            raise ValueError(
+                f"intents is 'tool' (each before its tool) or 'step' (all at once), not {intents!r}"
+            )
+        self.intents = intents
         for name, value in (
             ("model", model),
             ("system_prompt", system_prompt),
@@ -385,14 +440,14 @@ class Session(SessionBase):
         self.open_attempt_id = None  # resuming: an open attempt's answer is taken as lost
         current = self.configuration.current
         while True:
-            plan = recover(self.store, current)
+            plan = recover(self.store, current, in_order=True)
             state = self.store.load()
             if state.is_idle:
                 return None
             if plan["type"] != "startTool":
                 return Run(self, state.operation["operationId"])
             if plan["mode"] == "replay":
-                ToolCall(self, replay_start(state, plan)).run()
+                ToolCall(self, replay_start(state, plan), begun=True).run()
             else:
                 for call in Run(self, state.operation["operationId"]).start_tools():
                     call.run()
@@ -418,9 +473,24 @@ class Run(RunBase):
         return needs_model(self.session.state, self.session.configuration)
 
     @property
-    def blocked(self) -> Mapping[str, Any] | None:
-        """The `blocked` plan when recovery needs a person (`abort()` ends the run), else None."""
+    def blocked(self) -> Blocked | None:
+        """Why the run cannot go on by itself and the ways out (a `Blocked`), else None."""
         return blocked(self.session.state, self.session.configuration)
+
+    def end(self) -> dict[str, Any]:
+        """End a blocked run truthfully (see `runtime_blocked`): `failed` when a model attempt
+        is open, else `aborted`. Its outcome."""
+        facts, _ = blocked_end_facts(self.session.state, self.session.configuration)
+        self.session.store.commit(facts)
+        self.session.open_attempt_id = None
+        recover(self.session.store, self.session.configuration.current, in_order=True)
+        return self.session.state.last_finished or {}
+
+    def restart(self) -> Run:
+        """End a blocked run truthfully (`end()`) and ask its prompt again: the new run."""
+        _, prompt = blocked_end_facts(self.session.state, self.session.configuration)
+        self.end()
+        return self.session.start(prompt)
 
     def attempt(self) -> Attempt:
         """Record the model attempt (attempt 2 of the same step after a crash) before the request."""
@@ -431,12 +501,18 @@ class Run(RunBase):
         return Attempt(self, fact["record"])
 
     def start_tools(self) -> list[ToolCall]:
-        """Every intent of the settled step, in the model's order, in one transaction, before any
-        tool runs; run them in that order (`ToolCall.run`, or `finish` with your own output)."""
-        facts, starts = tool_facts(self.session.state, self.session.tools, self.session.configuration.current)
+        """The calls of the settled step that can run, in the model's order (unknown tools and
+        bad arguments get their synthetic results now); run them in that order (`ToolCall.run`,
+        or `begin` and `finish` with your own output). With `intents="step"` every intent is
+        committed here, in one transaction."""
+        session = self.session
+        step = session.intents == "step"
+        facts, starts = tool_facts(
+            session.state, session.tools, session.configuration.current, intents=session.intents
+        )
         if facts:
-            self.session.store.commit(facts)
-        return [ToolCall(self.session, start) for start in starts]
+            session.store.commit(facts)
+        return [ToolCall(session, start, begun=step) for start in starts]
 
     def finish(self) -> dict[str, Any]:
         """End the run as the planner says (completed, normal or truncated); its outcome."""
@@ -478,9 +554,16 @@ class Attempt(AttemptBase):
 class ToolCall(ToolCallBase):
     session: Session
 
+    def begin(self) -> None:
+        """Commit the call's intent (once): from here on its effect may have happened."""
+        if not self.begun:
+            self.session.store.commit(begin_facts(self.session.state, self.start))
+            self.begun = True
+
     def run(self) -> str:
-        """Run the declared tool and record its output (an exception is recorded as an error
-        result, then raised again if it is not an `Exception`)."""
+        """Commit its intent, run the declared tool and record its output (an `Exception` is
+        recorded as an error result; anything else, a kill, leaves the intent pending)."""
+        self.begin()
         try:
             output = self.session.tools[self.name].run(self.arguments)
         except Exception as error:
@@ -491,7 +574,8 @@ class ToolCall(ToolCallBase):
         return text
 
     def finish(self, output: str, *, ok: bool = True, usage: Mapping[str, int] | None = None) -> None:
-        """Record the tool's output (and its usage) in one transaction."""
+        """Record the tool's output (and its usage) in one transaction (after `begin`)."""
+        self._check_begun()
         self.session.store.commit(result_facts(self.start, output, ok, usage))
 
     def fail(self, message: str) -> None:

@@ -19,7 +19,9 @@ from .runtime import (
     ToolCallInput,
     abort_facts,
     attempt_facts,
+    begin_facts,
     blocked,
+    blocked_end_facts,
     check_no_open_attempt,
     failure_text,
     finish_facts,
@@ -28,8 +30,9 @@ from .runtime import (
     result_facts,
     settle_facts,
     tool_facts,
-    tool_output,
 )
+from .runtime_blocked import Blocked
+from .tools import tool_output
 
 
 class AsyncSession(SessionBase):
@@ -51,14 +54,14 @@ class AsyncSession(SessionBase):
         self.open_attempt_id = None
         current = self.configuration.current
         while True:
-            plan = await recover_async(self.store, current)
+            plan = await recover_async(self.store, current, in_order=True)
             state = await self.store.load()
             if state.is_idle:
                 return None
             if plan["type"] != "startTool":
                 return AsyncRun(self, state.operation["operationId"])
             if plan["mode"] == "replay":
-                await AsyncToolCall(self, replay_start(state, plan)).run()
+                await AsyncToolCall(self, replay_start(state, plan), begun=True).run()
             else:
                 for call in await AsyncRun(self, state.operation["operationId"]).start_tools():
                     await call.run()
@@ -70,8 +73,20 @@ class AsyncRun(RunBase):
     async def needs_model(self) -> bool:
         return needs_model(await self.session.state(), self.session.configuration)
 
-    async def blocked(self) -> Mapping[str, Any] | None:
+    async def blocked(self) -> Blocked | None:
         return blocked(await self.session.state(), self.session.configuration)
+
+    async def end(self) -> dict[str, Any]:
+        facts, _ = blocked_end_facts(await self.session.state(), self.session.configuration)
+        await self.session.store.commit(facts)
+        self.session.open_attempt_id = None
+        await recover_async(self.session.store, self.session.configuration.current, in_order=True)
+        return (await self.session.state()).last_finished or {}
+
+    async def restart(self) -> AsyncRun:
+        _, prompt = blocked_end_facts(await self.session.state(), self.session.configuration)
+        await self.end()
+        return await self.session.start(prompt)
 
     async def attempt(self) -> AsyncAttempt:
         state = await self.session.state()
@@ -82,10 +97,12 @@ class AsyncRun(RunBase):
 
     async def start_tools(self) -> list[AsyncToolCall]:
         session = self.session
-        facts, starts = tool_facts(await session.state(), session.tools, session.configuration.current)
+        facts, starts = tool_facts(
+            await session.state(), session.tools, session.configuration.current, intents=session.intents
+        )
         if facts:
             await session.store.commit(facts)
-        return [AsyncToolCall(session, start) for start in starts]
+        return [AsyncToolCall(session, start, begun=session.intents == "step") for start in starts]
 
     async def finish(self) -> dict[str, Any]:
         await self.session.store.commit(finish_facts(await self.session.state(), self.session.configuration))
@@ -124,7 +141,13 @@ class AsyncAttempt(AttemptBase):
 class AsyncToolCall(ToolCallBase):
     session: AsyncSession
 
+    async def begin(self) -> None:
+        if not self.begun:
+            await self.session.store.commit(begin_facts(await self.session.state(), self.start))
+            self.begun = True
+
     async def run(self) -> str:
+        await self.begin()
         try:
             output = self.session.tools[self.name].run(self.arguments)
             if inspect.isawaitable(output):
@@ -137,6 +160,7 @@ class AsyncToolCall(ToolCallBase):
         return text
 
     async def finish(self, output: str, *, ok: bool = True, usage: Mapping[str, int] | None = None) -> None:
+        self._check_begun()
         await self.session.store.commit(result_facts(self.start, output, ok, usage))
 
     async def fail(self, message: str) -> None:

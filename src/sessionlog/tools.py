@@ -10,11 +10,13 @@ intent whose result is unknown. Every other tool is `never`: its result is settl
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .core.canonical import canonical, configuration_digest, digest
+from .core.commit import _first_non_json as first_non_json
 from .core.errors import shown
 from .schema import CurrentConfiguration, CurrentTool, Replay
 
@@ -143,3 +145,34 @@ class Configuration:
             "tools": tools.current_tools(),
         }
         return cls(snapshot, current)
+
+
+# -- what a tool returned, as result text ------------------------------------------------------
+
+
+def recordable_text(text: str) -> str:
+    """The one rule for output that cannot be encoded as UTF-8 (lone surrogates, e.g. a
+    non-UTF-8 file name from `os.listdir`): each such character is written as its `\\uXXXX`
+    escape, and a note saying so is appended to the content."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        count = sum(1 for char in text if 0xD800 <= ord(char) <= 0xDFFF)
+        escaped = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        return (
+            f"{escaped}\n[sessionlog: {count} character(s) not encodable as UTF-8 written as \\uXXXX escapes]"
+        )
+    return text
+
+
+def tool_output(name: str, output: object) -> tuple[str, bool]:
+    """What a tool returned, as result text: a string as it is; another JSON value as its
+    compact JSON text; anything else an error result naming its type."""
+    if isinstance(output, str):
+        return str.__str__(output), True
+    found = first_non_json(output)
+    if found is not None:
+        path, what = found
+        where = f" at {path}" if path else ""
+        return f"Error: tool {name!r} returned a value{where} {what}, not text or a JSON value", False
+    return json.dumps(output, ensure_ascii=False, separators=(",", ":")), True
