@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import sessionlog
-from conftest import HEADER
+from conftest import HEADER, SHARED, needs_shared
 
 
 class Killed(BaseException):
@@ -194,3 +194,46 @@ def test_the_async_twin_runs_tools_in_order_with_one_intent_each(tmp_path: Path)
 
     asyncio.run(main())
     assert tools.log == ["read 0", "read 0", "write 0", "bash 0"]
+
+
+@needs_shared
+@pytest.mark.parametrize("kill_in", ["read 0", "write 0", "bash 0"])
+def test_every_fact_of_in_order_recovery_follows_the_shared_contract(kill_in: str, tmp_path: Path) -> None:
+    """What the per-tool design writes, killed in a tool and resumed, is every line valid under
+    the shared session schema and reduces; every plan the runtime carries out (including its
+    departure, `plan_in_order`) is of the shared recovery-plan schema."""
+    import jsonschema
+
+    from test_own_fixtures import schema_valid
+
+    schema = json.loads((SHARED.parent / "session.schema.json").read_text())
+    base = {key: value for key, value in schema.items() if key != "oneOf"}
+    header = jsonschema.Draft202012Validator({**base, "$ref": "#/$defs/header"})
+    transaction = jsonschema.Draft202012Validator({**base, "$ref": "#/$defs/transaction"})
+    plans = jsonschema.Draft202012Validator(json.loads((SHARED / "recovery-plan.schema.json").read_text()))
+    tools = Tools()
+    tools.kill_in = kill_in
+    path = tmp_path / "s.jsonl"
+    session = _session(path, tools)
+    with pytest.raises(Killed):
+        _drive(session, session.start("go"))
+    session.store.close()
+    again = _session(path, tools)
+    seen: list[dict[str, Any]] = []
+    original = sessionlog.recovery.plan_in_order
+
+    def recording(state: sessionlog.SessionState, current: Any) -> Any:
+        plan = original(state, current)
+        seen.append(plan)
+        return plan
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sessionlog.recovery, "plan_in_order", recording)
+        run = again.resume()
+    assert run is not None
+    _drive(again, run)
+    again.store.close()
+    assert seen and all(plans.is_valid(plan) for plan in seen)
+    data = path.read_bytes()
+    assert schema_valid(data, header, transaction)
+    assert sessionlog.reduce_bytes(data).is_idle
