@@ -1,0 +1,129 @@
+"""`sessionlog bench` never writes into the user's data: `--dir` only through a scratch folder it
+makes and removes, `--postgres` only in a scratch database it creates and drops, also when
+interrupted (Ctrl-C) or when a row fails; an unusable `--dir` or `--postgres` is exit 2 with one
+line, no traceback. The bench's smallest settings (`--tiny`, shapes c and e)."""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sessionlog import bench
+from sessionlog.bench import shapes
+
+
+def _bench(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = bench.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("case", ["missing", "a regular file", "under a regular file"])
+def test_an_unusable_dir_is_a_usage_error_without_a_traceback(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = tmp_path / "file"
+    file.write_text("x")
+    where = {"missing": tmp_path / "nope", "a regular file": file, "under a regular file": file / "sub"}[case]
+    code, _, err = _bench(capsys, "--dir", str(where), "--shape", "a", "--tiny", "--backends", "jsonl")
+    assert code == bench.EXIT_USAGE == 2
+    assert f"--dir {where}:" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["file"]
+
+
+def test_a_read_only_dir_is_a_usage_error(
+    tiny_disk: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tiny_disk("64k", "ro")
+    done = subprocess.run(["mount", "-o", "remount,ro", str(folder)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot remount a tmpfs read-only here: {done.stderr.strip()}")
+    code, _, err = _bench(capsys, "--dir", str(folder), "--shape", "a", "--tiny", "--backends", "jsonl")
+    assert code == 2 and "not writable" in err and "Traceback" not in err
+
+
+def _left(server: Any, database: str) -> dict[str, list[str]]:
+    """What is in the server besides its own: scratch databases, and the user's database's
+    schemas and tables."""
+    scratch = server.psql("select datname from pg_database where datname like 'sessionlog_bench_%'")
+    schemas = server.psql(
+        "select nspname from pg_namespace where nspname not like 'pg_%' "
+        "and nspname not in ('information_schema', 'public')",
+        database,
+    )
+    tables = server.psql("select tablename from pg_tables where schemaname = 'public'", database)
+    return {"scratch databases": scratch.split(), "schemas": schemas.split(), "tables": tables.split()}
+
+
+NOTHING: dict[str, list[str]] = {"scratch databases": [], "schemas": [], "tables": []}
+
+
+def _argv(folder: Path, url: str) -> list[str]:
+    smallest = ["--backends", "postgresql-repository", "--shape", "ce", "--tiny"]
+    return ["--dir", str(folder), "--postgres", url, *smallest]
+
+
+def test_postgres_rows_run_in_a_scratch_database_that_is_dropped(
+    postgres_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = postgres_server.new_database()  # the user's database
+    code, out, err = _bench(capsys, *_argv(tmp_path, url))
+    assert code == 0, err
+    assert "postgresql repository, async (power)" in out and "postgresql: list" in out  # the rows ran
+    assert _left(postgres_server, url.rsplit("/", 1)[1]) == NOTHING
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("stop", ["Ctrl-C", "a row fails"])
+def test_an_interrupted_or_failed_run_leaves_nothing(
+    stop: str, postgres_server: Any, tmp_path: Path, monkeypatch: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = postgres_server.new_database()
+    real_fill, real_listing = shapes.fill_repository, shapes.listing_job
+
+    def fill_then_interrupt(repo: Any, sessions: int) -> None:
+        real_fill(repo, sessions)  # the scratch database holds sessions now
+        raise KeyboardInterrupt
+
+    def failing_listing(repo: Any, call: str) -> Any:
+        real_listing(repo, call)
+
+        def job() -> Any:
+            raise RuntimeError("the listing broke")
+
+        return job
+
+    if stop == "Ctrl-C":
+        monkeypatch.setattr(shapes, "fill_repository", fill_then_interrupt)
+    else:
+        monkeypatch.setattr(shapes, "listing_job", failing_listing)
+    code, _, err = _bench(capsys, *_argv(tmp_path, url))
+    if stop == "Ctrl-C":
+        assert code == bench.EXIT_INTERRUPTED == 130 and "interrupted" in err
+    else:
+        assert code == bench.EXIT_ROW_FAILED and "'postgresql: list' failed: RuntimeError" in err
+    assert "Traceback" not in err
+    assert _left(postgres_server, url.rsplit("/", 1)[1]) == NOTHING
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_role_that_cannot_create_a_database_is_a_usage_error_and_nothing_is_written(
+    postgres_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    database = postgres_server.new_database().rsplit("/", 1)[1]
+    role, password = f"bench_{secrets.token_hex(4)}", secrets.token_hex(12)
+    postgres_server.psql(f"create role {role} login password '{password}' nocreatedb")
+    postgres_server.psql(f"grant all on schema public to {role}", database)
+    url = postgres_server.url_for(database).replace(
+        postgres_server.url.split("://", 1)[1].split("@", 1)[0], f"{role}:{password}"
+    )
+    code, _, err = _bench(capsys, *_argv(tmp_path, url))
+    assert code == bench.EXIT_USAGE
+    assert "cannot create the scratch database" in err and password not in err and "Traceback" not in err
+    assert _left(postgres_server, database) == NOTHING
+    assert list(tmp_path.iterdir()) == []
