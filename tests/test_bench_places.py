@@ -127,3 +127,20 @@ def test_a_role_that_cannot_create_a_database_is_a_usage_error_and_nothing_is_wr
     assert "cannot create the scratch database" in err and password not in err and "Traceback" not in err
     assert _left(postgres_server, database) == NOTHING
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_scratch_database_that_cannot_be_dropped_is_named_not_a_traceback(
+    monkeypatch: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sessionlog.bench.places import ScratchDatabase
+
+    scratch = ScratchDatabase("postgresql://u:secret@db.example:5433/app")
+    assert scratch.scratch_url == f"postgresql://u:secret@db.example:5433/{scratch.name}"
+
+    def gone(sql: str) -> None:
+        raise OSError("connection refused")
+
+    monkeypatch.setattr(scratch, "_execute", gone)
+    scratch.__exit__(None, None, None)  # the server went away after the run
+    err = capsys.readouterr().err
+    assert f"{scratch.name} on db.example:5433/app is left" in err and "secret" not in err

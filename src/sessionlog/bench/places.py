@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 import tempfile
 from pathlib import Path
 from types import TracebackType
@@ -95,7 +96,18 @@ class ScratchDatabase:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
-        try:
-            self.drop()
-        except KeyboardInterrupt:  # a second Ctrl-C while dropping: try once more, then give up
-            self.drop()
+        for _attempt in range(2):  # a second Ctrl-C while dropping: once more, then say so
+            try:
+                self.drop()
+                return
+            except KeyboardInterrupt:
+                continue
+            except Exception as error:  # the server went away: say what is left, never a traceback
+                message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                print(f"sessionlog bench: could not drop {self.name}: {message}", file=sys.stderr)
+                break
+        print(
+            f"sessionlog bench: the scratch database {self.name} on {where(self.url)} is left: "
+            f'drop it by hand (drop database "{self.name}")',
+            file=sys.stderr,
+        )
