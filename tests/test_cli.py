@@ -87,7 +87,7 @@ def test_backends_lists_every_registered_backend(cli: Any) -> None:
         [],
         ["nope"],
         ["verify"],
-        ["plan", "x.jsonl"],
+        ["plan"],
         ["convert", "a"],
         ["inspect", "x", "--progress", "maybe"],
     ],

@@ -5,9 +5,9 @@
     sessionlog verify FILE [--backend NAME]
     sessionlog repair FILE [--backend NAME] [--dry-run] [--quarantine]
     sessionlog reduce FILE [--backend NAME]
-    sessionlog plan FILE --current CONFIG.json [--backend NAME] [--json]
-    sessionlog recover FILE --current CONFIG.json [--backend NAME] [--dry-run] [--json]
-    sessionlog abort FILE --current CONFIG.json [--phase {model,tool,compact}] [--backend NAME] [--json]
+    sessionlog plan FILE [--current CONFIG.json] [--backend NAME] [--json]
+    sessionlog recover FILE [--current CONFIG.json] [--backend NAME] [--dry-run] [--json]
+    sessionlog abort FILE [--current CONFIG.json] [--phase {model,tool,compact}] [--backend NAME] [--json]
     sessionlog convert SRC DST --to BACKEND [--backend NAME]   (or SRC REPOSITORY)
     sessionlog ls LOCATION [--status S] [--label L] [--limit N] [--cursor CURSOR] [--json]
     sessionlog export LOCATION#SESSION_ID [-o FILE]
@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = command("plan", "print the recovery plan: the one next action (exit 4 when it is blocked)")
     common(sub)
-    sub.add_argument("--current", required=True, metavar="CONFIG.json", help=CURRENT_HELP)
+    sub.add_argument("--current", metavar="CONFIG.json", help=CURRENT_HELP)
     sub.add_argument(
         "--json", action="store_true", help="the plan as JSON (the contract's recovery-plan form)"
     )
@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         "blocked)",
     )
     common(sub)
-    sub.add_argument("--current", required=True, metavar="CONFIG.json", help=CURRENT_HELP)
+    sub.add_argument("--current", metavar="CONFIG.json", help=CURRENT_HELP)
     sub.add_argument("--dry-run", action="store_true", help="say what would be committed, write nothing")
     sub.add_argument("--json", action="store_true", help="as JSON")
 
@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and the finish that recovery plans from it (for a blocked or an unwanted run)",
     )
     common(sub)
-    sub.add_argument("--current", required=True, metavar="CONFIG.json", help=CURRENT_HELP)
+    sub.add_argument("--current", metavar="CONFIG.json", help=CURRENT_HELP)
     sub.add_argument(
         "--phase",
         choices=("model", "tool", "compact"),

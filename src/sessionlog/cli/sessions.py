@@ -257,5 +257,6 @@ CURRENT_HELP = (
     'the current configuration, a JSON file: {"configurationDigest": "sha256:...", '
     '"environmentIdentity": "...", "tools": [{"name": ..., "definitionDigest": "sha256:...", '
     '"replay": "safe" or "never", "replayKey": ...}, ...]} (the contract\'s '
-    "current-configuration.schema.json)"
+    "current-configuration.schema.json); default: the configuration the session last recorded (its "
+    "current step's snapshot, its intents' replay declarations and environment), said when used"
 )
