@@ -1,6 +1,5 @@
-"""`python -m benchmarks`: the repository's entry to `sessionlog bench` (the same run, the same
-options: every backend, the repositories and the peers). The first edition, with the issue
-targets, is `python -m benchmarks.edition1`."""
+"""`python -m benchmarks`: the repository's entry to `sessionlog bench`, the one benchmark (the
+same run, the same options and exit status: `python -m benchmarks --help`)."""
 
 from __future__ import annotations
 

@@ -17,12 +17,13 @@ from sessionlog.bench import run as bench_run
 def test_every_shape_runs_and_every_row_names_its_ceiling(tmp_path: Path) -> None:
     result = bench_run(str(tmp_path), None, None, "tiny", progress=False)
     shapes = {row["shape"][0] for row in result["rows"]}
-    assert shapes == {"a", "b", "c", "d", "e"}
+    assert shapes == {"a", "b", "c", "d", "e", "f"}
+    assert "f: 1 committer, a session of 300 facts" in {row["shape"] for row in result["rows"]}
     names = {row["name"] for row in result["rows"]}
     assert set(sessionlog.backends()) <= names  # every registered backend has rows
     for row in result["rows"]:
         assert row["per_s"] > 0 and row["min_per_s"] <= row["per_s"] <= row["max_per_s"]
-        if row["kind"] != "ceiling" and row["shape"][0] in "abc":
+        if row["kind"] != "ceiling" and row["shape"][0] in "abcf":
             assert row["vs_ceiling"] > 0 and row["ceiling_per_s"] > 0, row
     assert list(tmp_path.iterdir()) == []  # no scratch left
     advice = report.recommend(result["rows"])
@@ -99,3 +100,18 @@ def test_not_syncing_is_decided_by_the_device_flushes_never_by_timing_alone() ->
 def test_unknown_backends_are_a_usage_error(cli: Any) -> None:
     run = cli("bench", "--backends", "jsonl,nope")
     assert run.code == 2 and "nope" in run.err and "sqlite-repository" in run.err
+
+
+def test_python_m_benchmarks_is_a_thin_entry_to_sessionlog_bench() -> None:
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--help"], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: sessionlog bench") and "exit status" in done.stdout
+    assert sorted(path.name for path in (root / "benchmarks").glob("*.py")) == ["__init__.py", "__main__.py"]

@@ -1,5 +1,5 @@
 """Costs proportional to the work: what a snapshot copies, what reading the state copies. (How
-long things take is measured in benchmarks/costs.py, never asserted here.)"""
+long things take is measured by `sessionlog bench`, never asserted here.)"""
 
 from __future__ import annotations
 

@@ -78,7 +78,7 @@ def recommend(rows: list[dict[str, Any]]) -> list[str]:
     (the peers are there to compare with, not to recommend)."""
     advice = []
     for shape, members in _shapes(rows).items():
-        if shape[0] not in "abc":
+        if shape[0] not in "abcf":
             continue
         for durability in CLASSES:
             candidates = [
@@ -100,7 +100,7 @@ def recommend(rows: list[dict[str, Any]]) -> list[str]:
 
 def _power_one_committer(row: dict[str, Any]) -> bool:
     return (
-        row["shape"].startswith("a:")
+        row["shape"][:2] in ("a:", "f:")
         and row["kind"] in ("backend", "repository")
         and row.get("durability") in ("power", "replicated")
     )
@@ -116,7 +116,7 @@ def flush_evidence(result: dict[str, Any]) -> tuple[list[str], list[str]]:
         return [], [result.get("flushes", "flushes not counted")]
     unsynced, missing = [], []
     for shape, members in _shapes(result["rows"]).items():
-        if not shape.startswith("a:"):
+        if shape[:2] not in ("a:", "f:"):
             continue
         ceiling = next((row for row in members if row["name"] == "write+fdatasync"), None)
         if ceiling is None or ceiling.get("flushes", 0) < ceiling.get("operations", 1) / 2:
@@ -241,7 +241,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shapes = [shape for shape in _shapes(result["rows"]) if shape[0] in "abc"]
+    shapes = [shape for shape in _shapes(result["rows"]) if shape[0] in "abcf"]
     figure, axes = plt.subplots(len(shapes), 1, figsize=(11, 3.2 * len(shapes)), squeeze=False)
     colours = {"process": "#4c78a8", "power": "#f58518", "replicated": "#54a24b"}
     for axis, shape in zip(axes[:, 0], shapes, strict=True):

@@ -21,7 +21,8 @@ from .measure import Job, alternate, paired_ratio
 if TYPE_CHECKING:
     from ..plugins.registry import Registry
 
-SHAPES = "abcde"  # `--shape`: (a) one committer, (b) 64 committers, (c) N sessions, (d) load, (e) list
+SHAPES = "abcdef"  # `--shape`: (a) 1 committer, (b) 64 committers, (c) N sessions, (d) load, (e) list,
+# (f) 1 committer into a long session
 REPOSITORIES = ("directory", "sqlite", "postgresql")  # `--backends` names them `KIND-repository`
 
 
@@ -35,6 +36,7 @@ class Plan:
         self.sessions = {"full": (16, 64, 256), "quick": (16, 64), "tiny": (4,)}[mode]
         self.loads = {"full": (1_000, 10_000, 100_000), "quick": (1_000, 10_000), "tiny": (200,)}[mode]
         self.listed = 200 if mode == "tiny" else 10_000
+        self.held = {"full": (10_000, 100_000), "quick": (10_000,), "tiny": (300,)}[mode]
         self.scale = {"full": 3.0, "quick": 1.0, "tiny": 0.1}[mode]
 
     def commits(self, durability: str, api: str, sessions: int = 1) -> int:
@@ -291,6 +293,32 @@ def run(
         finally:
             for repo in repos.values():
                 repo.close()
+        # (f) one committer into a long session (a's rows are the same commits into a new one)
+        for held in plan.held if "f" in only else ():
+            say(f"one committer into a session of {held:,} facts")
+            jobs = {}
+            for name in names:
+                info = infos[name]
+                jobs[name] = (
+                    shapes.sessions_job(
+                        scratch, name, 1, plan.commits(info.durability, info.api), 1, registry, held
+                    ),
+                    {
+                        "durability": info.durability,
+                        "api": info.api,
+                        "ceiling": _ceiling(info.durability, 1, info.syncs_filesystem),
+                    },
+                )
+            kinds = ["write+fdatasync", "os.write"]
+            if any(infos[name].syncs_filesystem for name in names):
+                kinds.insert(1, "write+syncfs")
+            ceilings = {
+                kind: shapes.ceiling_job(
+                    scratch, 1, plan.commits("process" if kind == "os.write" else "power", "sync"), kind
+                )
+                for kind in kinds
+            }
+            measure(f"f: 1 committer, a session of {held:,} facts", jobs, ceilings)
     finally:
         scratch.remove()
     return {

@@ -108,11 +108,23 @@ def _sized_loop(workers: int) -> asyncio.AbstractEventLoop:
     return loop
 
 
+PREFILL_FACTS = 100  # facts a transaction when a session is filled before its timed commits
+
+
 def sessions_job(
-    scratch: Scratch, backend: str, sessions: int, commits: int, facts: int = 1, registry: Any = None
+    scratch: Scratch,
+    backend: str,
+    sessions: int,
+    commits: int,
+    facts: int = 1,
+    registry: Any = None,
+    held: int = 0,
 ) -> Job:
-    """`registry`: where `backend` is registered (None: the default one, third-party plugins too)."""
+    """`registry`: where `backend` is registered (None: the default one, third-party plugins too);
+    `held`: facts each session holds before the timed commits (committed first, 100 a
+    transaction, outside the timing and the flush window)."""
     info = sessionlog.backends(registry)[backend]
+    fills = [transaction(index, PREFILL_FACTS) for index in range(-(-held // PREFILL_FACTS))]
 
     def run() -> tuple[int, float, list[float]]:
         folder = scratch.fresh()
@@ -121,6 +133,9 @@ def sessions_job(
             if info.api == "sync":
                 stores = [sessionlog.create(path, backend, registry=registry, **HEADER) for path in paths]
                 try:
+                    for store in stores:
+                        for fill in fills:
+                            store.commit(fill)
                     return in_threads(
                         sessions,
                         commits,
@@ -136,6 +151,9 @@ def sessions_job(
                     for path in paths
                 ]
                 try:
+                    for store in stores:
+                        for fill in fills:
+                            await store.commit(fill)
                     return await _in_tasks(
                         sessions,
                         commits,

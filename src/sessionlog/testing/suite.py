@@ -28,7 +28,7 @@ backend and what it cannot do:
 * `fixture_dir`: a folder whose `manifest.json` lists golden session files and their expected
   results (the shared contract fixtures); None skips those tests with a reason.
 
-Nothing here measures time: timing lives in `benchmarks/`.
+Nothing here measures time: timing lives in `sessionlog bench`.
 """
 
 from __future__ import annotations
