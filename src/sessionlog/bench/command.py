@@ -29,7 +29,7 @@ from . import runner
 from .measure import RowFailed
 from .peers import peers as all_peers
 from .places import PlaceError, ScratchDatabase, check_directory
-from .report import markdown, not_syncing, plot, recommend, text
+from .report import advise, markdown, not_syncing, plot, text
 
 if TYPE_CHECKING:
     from ..plugins.registry import Registry
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None, *, registry: Registry | None = None) -> 
         return _say(f"{error}; nothing is left of the run", EXIT_ROW_FAILED)
     except KeyboardInterrupt:
         return _say("interrupted; the scratch folder and database are removed", EXIT_INTERRUPTED)
-    result["recommendation"] = recommend(result["rows"])
+    result["recommendation"] = advise(result)
     print(text(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

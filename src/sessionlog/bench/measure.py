@@ -12,7 +12,7 @@ over rounds of the row's round divided by the ceiling's round of the same round.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,6 +124,27 @@ def alternate(
             whole = after - before if before is not None and after is not None else None
             measured[name].add(*done, flushes=windowed if windowed is not None else whole)
     return measured
+
+
+def steady(
+    jobs: Mapping[str, Job],
+    ceilings: Collection[str],
+    rounds: int,
+    flushes: Callable[[], int | None] | None = None,
+) -> tuple[dict[str, Measured], bool]:
+    """`alternate`, and once more when a ceiling of `ceilings` moved by more than `trust.MOVED`
+    between rounds: the measurement whose ceilings moved least is kept. (measured, whether it
+    was measured again)."""
+    from . import trust
+
+    def worst(run: dict[str, Measured]) -> float:
+        return trust.worst_spread({name: run[name].summary() for name in ceilings})
+
+    measured = alternate(jobs, rounds, flushes)
+    if rounds < 2 or worst(measured) <= trust.MOVED:
+        return measured, False
+    again = alternate(jobs, rounds, flushes)
+    return (again if worst(again) < worst(measured) else measured), True
 
 
 def paired_ratio(row: Measured, ceiling: Measured) -> float:

@@ -4,8 +4,11 @@ recommendation computed from the rows, the same as Markdown, and the plot."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
+
+from . import trust
 
 CLASSES = ("process", "power", "replicated")
 ABOVE = {
@@ -73,28 +76,46 @@ def _notes(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def recommend(rows: list[dict[str, Any]]) -> list[str]:
+def recommend(
+    rows: list[dict[str, Any]],
+    unsynced: Collection[tuple[str, str]] = (),
+    unreliable: Collection[tuple[str, str]] = (),
+) -> list[str]:
     """Per shape and durability class, the fastest sessionlog backend or repository of this run
-    (the peers are there to compare with, not to recommend)."""
+    (the peers are there to compare with, not to recommend). Never a row caught not syncing in
+    that shape (`unsynced`: (shape, name)); a best whose slowest round is below the runner-up's
+    fastest is named with it ("or"), as the run cannot tell them apart; a best whose figure does
+    not hold (`unreliable`, `trust.unreliable_rows`) says so."""
     advice = []
     for shape, members in _shapes(rows).items():
         if shape[0] not in "abcf":
             continue
         for durability in CLASSES:
-            candidates = [
-                row
-                for row in members
-                if row["kind"] in ("backend", "repository") and row.get("durability") == durability
-            ]
+            candidates = sorted(
+                (
+                    row
+                    for row in members
+                    if row["kind"] in ("backend", "repository")
+                    and row.get("durability") == durability
+                    and (shape, row["name"]) not in unsynced
+                ),
+                key=lambda row: -row["per_s"],
+            )
             if not candidates:
                 continue
-            best = max(candidates, key=lambda row: row["per_s"])
+            best = candidates[0]
             p99 = (
                 f"{best['p99_us'] / 1000:,.1f} ms" if best["p99_us"] >= 1000 else f"{best['p99_us']:,.0f} µs"
             )
-            advice.append(
-                f"{shape}, {durability} class: {best['name']} ({_rate(best['per_s'])} commits/s, p99 {p99})"
-            )
+            rate = _rate(best["per_s"])
+            line = f"{shape}, {durability} class: {best['name']} ({rate} commits/s, p99 {p99})"
+            close = [row for row in candidates[1:] if row["max_per_s"] >= best["min_per_s"]]
+            if close:
+                names = ", ".join(f"{row['name']} ({_rate(row['per_s'])})" for row in close)
+                line += f" or {names}: their rounds overlap"
+            if (shape, best["name"]) in unreliable:
+                line += " (unreliable in this run: see above)"
+            advice.append(line)
     return advice
 
 
@@ -106,12 +127,8 @@ def _power_one_committer(row: dict[str, Any]) -> bool:
     )
 
 
-def flush_evidence(result: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """(rows that did not sync, why the evidence is missing). A power-class row with one
-    committer must wait for a sync at each commit, so the device under --dir flushes at least
-    about once a commit; a row with fewer than half as many flushes as commits did not sync.
-    Asked only when the counter exists and the shape's `write+fdatasync` ceiling showed it works
-    (its own flushes at least half its commits). Timing alone never accuses a row."""
+def _evidence(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """(the rows that did not sync, why the evidence is missing): `flush_evidence`."""
     if not result.get("flush_device"):
         return [], [result.get("flushes", "flushes not counted")]
     unsynced, missing = [], []
@@ -122,13 +139,36 @@ def flush_evidence(result: dict[str, Any]) -> tuple[list[str], list[str]]:
         if ceiling is None or ceiling.get("flushes", 0) < ceiling.get("operations", 1) / 2:
             missing.append(f"{shape}: the write+fdatasync ceiling made no flushes the counter saw")
             continue
-        for row in members:
-            if _power_one_committer(row) and "flushes" in row and row["flushes"] < row["operations"] / 2:
-                unsynced.append(
-                    f"{row['name']} ({row['flushes']} flushes of /dev/{result['flush_device']} for "
-                    f"{row['operations']} commits, {shape})"
-                )
+        unsynced += [
+            row
+            for row in members
+            if _power_one_committer(row) and "flushes" in row and row["flushes"] < row["operations"] / 2
+        ]
     return unsynced, missing
+
+
+def flush_evidence(result: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(rows that did not sync, why the evidence is missing). A power-class row with one
+    committer must wait for a sync at each commit, so the device under --dir flushes at least
+    about once a commit; a row with fewer than half as many flushes as commits did not sync.
+    Asked only when the counter exists and the shape's `write+fdatasync` ceiling showed it works
+    (its own flushes at least half its commits). Timing alone never accuses a row."""
+    unsynced, missing = _evidence(result)
+    return [
+        f"{row['name']} ({row['flushes']} flushes of /dev/{result['flush_device']} for "
+        f"{row['operations']} commits, {row['shape']})"
+        for row in unsynced
+    ], missing
+
+
+def advise(result: dict[str, Any]) -> list[str]:
+    """`recommend` for a run: without the rows caught not syncing, marking unreliable figures."""
+    return recommend(result["rows"], caught(result), trust.unreliable_rows(result))
+
+
+def caught(result: dict[str, Any]) -> set[tuple[str, str]]:
+    """(shape, name) of the rows the flush counter shows did not sync (for `recommend`)."""
+    return {(row["shape"], row["name"]) for row in _evidence(result)[0]}
 
 
 def not_syncing(result: dict[str, Any]) -> list[str]:
@@ -158,8 +198,25 @@ def above_ceiling(result: dict[str, Any]) -> list[str]:
 def checks(result: dict[str, Any]) -> list[str]:
     """The bounds a run is held to, each with its figure from this run (printed, not enforced)."""
     lines = []
+    full = result.get("full_estimate_s")
+    estimate = f"; --full would take about {full / 60:.0f} min (from this run's shapes)" if full else ""
     if result["mode"] == "quick":
-        lines.append(f"the quick run took {result['seconds']:.0f} s (bound: 120 s)")
+        lines.append(f"the quick run took {result['seconds']:.0f} s (bound: 120 s){estimate}")
+    else:
+        lines.append(f"the {result['mode']} run took {result['seconds']:.0f} s")
+    load = result.get("load") or {}
+    if load.get("start") is not None:
+        lines.append(
+            f"the machine's load (1 min): {load['start']:.2f} at the start, {load.get('end') or 0:.2f} "
+            f"at the end, on {load.get('cpus')} CPUs"
+        )
+    again = sorted({row["shape"] for row in result["rows"] if row.get("remeasured")})
+    for shape in again:
+        lines.append(f"{shape}: measured twice, its ceiling moved by over {trust.MOVED:.0%} between rounds")
+    doubtful = trust.unreliable(result)
+    lines += [f"unreliable in this run: {line}" for line in doubtful]
+    if not doubtful:
+        lines.append(f"every figure held: no ceiling nor row moved by over {trust.MOVED:.0%} between rounds")
     many = [row for row in result["rows"] if row["shape"].startswith("c: 64 ") and row["kind"] != "ceiling"]
     power = [row for row in many if row.get("durability") == "power" and "vs_ceiling" in row]
     if power:
@@ -210,7 +267,7 @@ def text(result: dict[str, Any]) -> str:
         out.append(f"skipped: {peer['name']}: {peer['reason']}")
     out += ["", "Bounds and evidence (figures of this run):"] + [f"  * {line}" for line in checks(result)]
     out += ["", "Recommendation (computed from this run: the fastest here, and its p99):"]
-    out += [f"  * {line}" for line in result.get("recommendation") or recommend(result["rows"])]
+    out += [f"  * {line}" for line in result.get("recommendation") or advise(result)]
     return "\n".join(out)
 
 

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import sessionlog
 
-from . import shapes
+from . import shapes, trust
 from .flushes import FlushCounter
-from .measure import Job, alternate, paired_ratio
+from .measure import Job, paired_ratio, steady
 
 if TYPE_CHECKING:
     from ..plugins.registry import Registry
@@ -85,17 +85,28 @@ def run(
     usable: list[shapes.Peer] = []
     skipped: list[dict[str, str]] = []
     started = time.monotonic()
+    seconds: dict[str, float] = {}  # shape -> seconds it took (`trust.full_estimate`)
+    load = {"cpus": os.cpu_count(), "start": _load()}
 
     def say(message: str) -> None:
         if progress:
             print(f"[{time.monotonic() - started:5.1f}s] {message}", file=sys.stderr, flush=True)
 
     def measure(shape: str, jobs: dict[str, tuple[Job, dict[str, Any]]], ceilings: dict[str, Job]) -> None:
-        """Alternate every job with the ceilings of its class; one row each."""
+        """Alternate every job with the ceilings of its class; one row each. A shape whose
+        ceilings moved by more than `trust.MOVED` between rounds is measured once more, and the
+        measurement whose ceilings moved least is kept."""
+        began = time.monotonic()
         everything = {**ceilings, **{name: job for name, (job, _) in jobs.items()}}
-        measured = alternate(everything, plan.rounds, counter.read if counter.device else None)
+        read = counter.read if counter.device else None
+        measured, remeasured = steady(everything, ceilings, plan.rounds, read)
+        if remeasured:
+            say("  its ceiling moved between rounds: measured again")
+        seconds[shape] = round(time.monotonic() - began, 2)
+        marks = {"remeasured": True} if remeasured else {}
         for name in ceilings:
-            rows.append({"shape": shape, "name": name, "kind": "ceiling", **measured[name].summary()})
+            summary = measured[name].summary()
+            rows.append({"shape": shape, "name": name, "kind": "ceiling", **summary, **marks})
         for name, (_, meta) in jobs.items():
             ceiling = meta.get("ceiling")
             row = {
@@ -104,6 +115,7 @@ def run(
                 "kind": meta.get("kind", "backend"),
                 **meta,
                 **measured[name].summary(),
+                **marks,
             }
             if ceiling in measured:
                 row["ceiling_per_s"] = measured[ceiling].summary()["per_s"]
@@ -329,8 +341,19 @@ def run(
         "flushes": counter.describe(),
         "flush_device": counter.device,
         "seconds": round(time.monotonic() - started, 1),
+        "shape_seconds": seconds,
+        "full_estimate_s": trust.full_estimate(seconds, mode) if only == SHAPES else None,
+        "load": {**load, "end": _load()},
         "shapes": only,
     }
+
+
+def _load() -> float | None:
+    """The 1-minute load average, None where the system has none."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def _ceiling(durability: str, sessions: int, syncs_filesystem: bool = False) -> str:

@@ -1,0 +1,104 @@
+"""Which figures of a run hold on a busy machine, and how long a `--full` run would take.
+
+* The machine's load (`os.getloadavg`, the 1-minute figure) is recorded at the start and the end
+  of the run, beside its CPU count.
+* A shape whose ceiling moved between rounds by more than `MOVED` (its (max - min) / median) is
+  measured once more (`runner.measure`), and the measurement whose ceilings moved least is kept.
+* `unreliable(result)` names the figures that still do not hold, and why: a row whose own rounds
+  spread by more than `MOVED`, a row whose ceiling did, every figure of a run whose load was
+  above the CPU count (other work had the cores).
+* `full_estimate`: each shape's seconds in this run, scaled by what `--full` does more of.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+MOVED = 0.5  # a ceiling whose rounds spread by more than half its median moved
+
+
+def spread(row: Mapping[str, Any]) -> float:
+    """(max - min) / median of a row's rounds; 0 for a row of one round."""
+    median = row.get("per_s", 0.0)
+    return (row.get("max_per_s", 0.0) - row.get("min_per_s", 0.0)) / median if median > 0 else 0.0
+
+
+def moved(ceilings: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The ceilings (name -> summary) that moved by more than MOVED between rounds."""
+    return [name for name, row in ceilings.items() if spread(row) > MOVED]
+
+
+def worst_spread(ceilings: Mapping[str, Mapping[str, Any]]) -> float:
+    return max((spread(row) for row in ceilings.values()), default=0.0)
+
+
+def unreliable(result: Mapping[str, Any]) -> list[str]:
+    """The figures of this run that do not hold, each with why."""
+    lines = []
+    load = result.get("load") or {}
+    cpus = load.get("cpus") or 0
+    busy = [value for value in (load.get("start"), load.get("end")) if value is not None and value > cpus]
+    if cpus and busy:
+        lines.append(
+            f"every figure: the machine's load was {max(busy):.1f} on {cpus} CPUs (other work had the "
+            "cores; ratios to the ceilings measured in the same rounds hold better than rates)"
+        )
+    ceilings = {(row["shape"], row["name"]): row for row in result["rows"] if row["kind"] == "ceiling"}
+    for row in result["rows"]:
+        if row["kind"] == "ceiling":
+            if spread(row) > MOVED:
+                again = " even measured again" if row.get("remeasured") else ""
+                lines.append(
+                    f"{row['shape']}: the ceiling {row['name']} moved {spread(row):.0%} between rounds"
+                    f"{again}; the rows measured against it are unreliable"
+                )
+            continue
+        if spread(row) > MOVED:
+            lines.append(
+                f"{row['name']} ({row['shape']}): its rounds spread {spread(row):.0%} "
+                f"({row['min_per_s']:,.0f}-{row['max_per_s']:,.0f}/s)"
+            )
+        ceiling = ceilings.get((row["shape"], row.get("ceiling")))
+        if ceiling is not None and spread(ceiling) > MOVED and spread(row) <= MOVED:
+            lines.append(f"{row['name']} ({row['shape']}): vs ceiling, the ceiling moved")
+    return lines
+
+
+def unreliable_rows(result: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """(shape, name) of the rows whose figure does not hold (their spread, or their ceiling's)."""
+    ceilings = {(row["shape"], row["name"]): row for row in result["rows"] if row["kind"] == "ceiling"}
+    found = set()
+    for row in result["rows"]:
+        ceiling = ceilings.get((row["shape"], row.get("ceiling")))
+        if row["kind"] != "ceiling" and (
+            spread(row) > MOVED or (ceiling is not None and spread(ceiling) > MOVED)
+        ):
+            found.add((row["shape"], row["name"]))
+    return found
+
+
+def full_estimate(seconds: Mapping[str, float], mode: str) -> float | None:
+    """How long `--full` would take, from each shape's seconds in a quick run (`shape label ->
+    seconds`): 5 rounds instead of 3 and 3x the commits a round (a, b, c, f: 5x); 256 sessions
+    beside 16 and 64 (the 64-session time, 4x, 5x again); 100k-fact loads beside 1k and 10k, and
+    the compacted loads at 100k facts instead of 10k (10x, 5/3); a session of 100,000 facts beside
+    10,000 (mostly its filling: 10x, 5/3).
+    None for a mode other than quick (a tiny run is all overhead, a full one is its own answer)."""
+    if mode != "quick":
+        return None
+    total = 0.0
+    for shape, took in seconds.items():
+        if shape[0] in "abc":
+            total += took * 5
+            if shape.startswith("c: 64 "):
+                total += took * 4 * 5
+        elif shape.startswith("d: ") and "compactions" in shape:  # at 100,000 facts instead
+            total += took * 10 * 5 / 3
+        elif shape[0] in "de":
+            total += took * 5 / 3
+            if shape == "d: load 10,000 facts":
+                total += took * 10 * 5 / 3
+        elif shape[0] == "f":
+            total += took * 5 / 3 + took * 10 * 5 / 3
+    return total
