@@ -42,6 +42,8 @@ def _require_faketime() -> None:
 
 def _judged(report: Any) -> None:
     print(summary(report))
+    for remark in report.remarks:  # faults that could not be made, say
+        print("  note:", remark)
     assert report.ok, "\n".join(report.check.violations[:20] + report.notes[:10])
     assert report.check.acknowledged > 50, summary(report)  # the run did real work
     assert report.check.faults["kill"] > 0 and report.check.faults["stop"] > 0, summary(report)
@@ -98,10 +100,13 @@ def test_a_postgres_repository_under_the_nemesis(
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
     """A real history: a short run on a directory repository, and what the repository holds."""
-    tmp = tmp_path_factory.mktemp("recorded")
-    location = str(tmp / "repo")
-    report = run_fault_harness(location, seconds=4, faults=("kill",), work=tmp / "work")
-    assert report.ok, report.check.violations[:5] + report.notes[:5]
+    for seconds in (4, 8, 16):  # longer where a loaded machine let the workers do little
+        tmp = tmp_path_factory.mktemp("recorded")
+        location = str(tmp / "repo")
+        report = run_fault_harness(location, seconds=seconds, faults=("kill",), work=tmp / "work")
+        assert report.ok, report.check.violations[:5] + report.notes[:5]
+        if report.check.acknowledged >= 30:
+            break
     return read_histories(tmp / "work" / "histories"), read_contents(location, {})
 
 
@@ -145,7 +150,9 @@ def test_the_checker_names_a_duplicated_commit(recorded: Any) -> None:
 def test_the_checker_names_reordered_commits(recorded: Any) -> None:
     records, contents = recorded
     session, texts = _acknowledged_session(records, contents)
-    swapped = [*texts[:-2], texts[-1], texts[-2]]
+    # two neighbours of one writer (the session's last two may be of two holds, or processes)
+    at = next(i for i in range(len(texts) - 1, 0, -1) if texts[i].split(":")[0] == texts[i - 1].split(":")[0])
+    swapped = [*texts[: at - 1], texts[at], texts[at - 1], *texts[at + 1 :]]
     report = check(records, {**contents, session: swapped})
     assert any(v.startswith("reordered") for v in report.violations), report.violations
 
@@ -471,3 +478,53 @@ def test_a_session_deleted_while_it_is_opened_is_not_found(
         monkeypatch.setattr(type(repo), "read", read_then_deleted)
         with pytest.raises(sessionlog.core.errors.SessionNotFoundError):
             repo.open(session_id, take_over=True)
+
+
+def test_a_delete_told_while_a_commit_was_in_flight_may_have_followed_it() -> None:
+    """Found by the long SQLite run in CI: a commit landed, a worker whose clock ran 40 s ahead
+    saw the writer's lease as run out and deleted the session (ok), and only then was the writer
+    told of its commit. The delete may have come after the commit took effect (at any time after
+    it was invoked), so the commit went with its session: not a loss."""
+    a1 = "w0.0:1:1"
+    in_flight = _synthetic(("w0.0", "commit", "S", a1, "ok", 1, 4), ("w1.0", "delete", "S", None, "ok", 2, 3))
+    report = check(in_flight, {})
+    assert report.ok and report.deleted_with_session == 1, report.violations
+    # one that ended before the commit was even invoked cannot excuse it
+    before = _synthetic(
+        ("w1.0", "delete", "S", None, "unknown", 1, 2), ("w0.0", "commit", "S", a1, "ok", 3, 4)
+    )
+    assert check(before, {}).lost == 1
+
+
+def test_the_server_starts_again_after_kills_amid_new_connections(own_server: PostgresServer) -> None:
+    """Found by the long PostgreSQL run in CI: the server was down when the check read the
+    repository (a restart of the nemesis had failed, the failure swallowed, and every later
+    restart skipped: no pid file to kill by). Now a restart is retried for a minute, a kill of a
+    server that is down is nothing, a fault that could not be made is a remark of the report,
+    and a server still down at the end is started or an error with its log."""
+    import psycopg
+
+    url = own_server.new_database()
+    stop = threading.Event()
+
+    def connect_all_the_time() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(psycopg.Error), psycopg.connect(url, connect_timeout=1):
+                pass
+
+    threads = [threading.Thread(target=connect_all_the_time) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in range(5):
+            time.sleep(0.3)
+            own_server.kill()
+            assert not own_server.listening()
+            own_server.restart()
+            assert own_server.listening()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    with psycopg.connect(url) as connection:
+        assert connection.execute("select 1").fetchone() == (1,)

@@ -13,7 +13,8 @@ or `claim_unfinished` of that process) and a number that grows with every commit
 invokes: `w2.0:3:17`. After the run, `check` compares the histories with the messages the
 repository holds (`contents`: session id -> message texts in order) and names every violation:
 
-* `lost`: an acknowledged commit is missing from its session, which was never deleted.
+* `lost`: an acknowledged commit is missing from its session, and no delete of that session
+  may have come after it (one that returned after the commit was invoked).
 * `duplicated`: a commit (acknowledged or of unknown outcome) is present more than once.
 * `reordered`: a writer's commits are not in the order it made them.
 * `refused but present`: a commit refused as not written is there.
@@ -303,15 +304,16 @@ def check(
                 report.violations.append(
                     f"acknowledged after delete: {value!r} was invoked after session {session} was deleted"
                 )
-            could_go = [
-                end for end in deletes.get(session, ()) if end is None or end > (commit.completed or 0)
-            ]
+            # a delete that may have come after the commit took effect (at any time after it
+            # was invoked: its writer may hear of it only after the delete returned)
+            could_go = [end for end in deletes.get(session, ()) if end is None or end > commit.invoked]
             if not present:
                 if session not in contents and could_go:  # a delete that may have run after it
                     report.deleted_with_session += 1
                 else:
                     report.violations.append(
                         f"lost: acknowledged {value!r} is missing from session {session}"
+                        + ("" if session in contents else " (gone, by no delete that may have followed it)")
                     )
         elif commit.outcome == "fail" and present:
             report.violations.append(f"refused but present: {value!r} was refused as not written")

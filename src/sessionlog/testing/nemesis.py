@@ -212,13 +212,18 @@ def nemesis_main(work: Path, settings: dict[str, Any]) -> None:
         )
     deadline = time.monotonic() + settings["seconds"]
     due: list[str] = []
-    while time.monotonic() < deadline and not (work / "stop").exists():
+    # past the deadline until every kind of fault was made once (a loaded machine is slow)
+    while (time.monotonic() < deadline or not (work / "round").exists()) and not (work / "stop").exists():
+        if due == [] and (work / "round.started").exists():
+            (work / "round").touch()  # the first round was made
         time.sleep(rng.uniform(0.05, settings["pause"]))
         if not due:  # every kind of fault once a round, in a random order
             due = rng.sample(faults, len(faults))
+            (work / "round.started").touch()
         fault = due.pop()
         pids = {path.name: path.read_text() for path in (work / "pids").iterdir()}
         if not pids:
+            due.append(fault)  # made later, on a worker then running
             continue
         target = rng.choice(sorted(pids))
         pid = int(pids[target] or 0)
@@ -242,26 +247,17 @@ def nemesis_main(work: Path, settings: dict[str, Any]) -> None:
                 count = _terminate_backends(settings["location"])
                 history.record(type="fault", fault="terminate", connections=count)
             elif fault == "restart" and server is not None:
-                server.kill()
+                server.kill()  # (a server a failed restart left down is just started)
                 time.sleep(rng.uniform(0, 0.5))
                 server.restart()
                 history.record(type="fault", fault="restart")
         except (ProcessLookupError, FileNotFoundError, ValueError):
-            continue  # the worker died meanwhile
+            due.append(fault)  # the worker died meanwhile: made later, on another
+            continue
         except Exception as error:  # a fault that could not be made is recorded, not fatal
             history.record(type="fault-failed", fault=fault, error=repr(error)[:300])
-    if server is not None:  # leave the server up for the check
-        with contextlib.suppress(Exception):
-            if not _listening(server.port):
-                server.restart()
-
-
-def _listening(port: int) -> bool:
-    import socket
-
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-        return True
-    return False
+    if server is not None and not server.listening():  # leave the server up for the check
+        server.restart()
 
 
 # -- the harness ---------------------------------------------------------------------------------
@@ -386,7 +382,10 @@ def run_fault_harness(
         for slot in range(workers):
             start(slot)
         deadline = started + seconds
-        while time.monotonic() < deadline:
+        # past the deadline (by at most a minute) until the nemesis made each kind of fault once
+        while time.monotonic() < deadline or (
+            not (work / "round").exists() and time.monotonic() < deadline + 60
+        ):
             time.sleep(0.05)
             for slot, (process, child) in list(running.items()):
                 if child.poll() is not None:
@@ -421,7 +420,14 @@ def run_fault_harness(
             report_notes.append(
                 f"worker {process} exited {child.returncode}: {_tail(work / 'errors' / process)}"
             )
+    if server is not None and not server.listening():  # the nemesis could not start it again
+        server.restart()  # PostgresUnavailable, with the server's log, if it cannot be started
     records = read_histories(work / "histories")
+    remarks += [
+        f"a {record['fault']} fault could not be made: {record.get('error')}"
+        for record in records
+        if record.get("type") == "fault-failed"
+    ]
     contents = read_contents(location, options)
     report = FaultHarnessReport(
         check(records, contents, bound=bound, alive=alive),

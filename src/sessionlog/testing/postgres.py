@@ -160,7 +160,10 @@ class PostgresServer:
 
     def kill(self) -> None:
         """SIGKILL the postmaster and every backend of it (a crash of the database host's server)."""
-        pid = self.postmaster_pid()
+        try:
+            pid = self.postmaster_pid()
+        except (OSError, ValueError, IndexError):
+            return  # not running (a start that failed removed its pid file)
         children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
         for child in [pid, *map(int, children.stdout.split())]:
             with contextlib.suppress(ProcessLookupError):
@@ -175,8 +178,26 @@ class PostgresServer:
                 continue
             break
 
-    def restart(self) -> None:
-        self.start_postmaster()
+    def listening(self) -> bool:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
+            return True
+        return False
+
+    def restart(self, *, seconds: float = 60) -> None:
+        """Start it again after a kill, trying for `seconds` (a backend the kill missed, forked
+        meanwhile, exits once it sees its postmaster gone; until then the start is refused)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                self.start_postmaster()
+                return
+            except (PostgresUnavailable, subprocess.TimeoutExpired) as error:
+                if time.monotonic() > deadline:
+                    log = self.root / "log"
+                    tail = log.read_text(errors="replace")[-800:] if log.exists() else ""
+                    message = f"the server did not start again: {error}; log: {tail}"
+                    raise PostgresUnavailable(message) from None
+                time.sleep(0.5)
 
     def stop(self) -> None:
         for standby in self.standbys:
