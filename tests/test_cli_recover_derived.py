@@ -102,3 +102,13 @@ def test_a_given_current_is_still_used(cli: Any, tmp_path: Path) -> None:
     session_current.store.close()
     run = cli("plan", path, "--current", current)
     assert run.code == 4 and "no --current" not in run.out
+
+
+def test_plan_without_current_of_a_run_with_no_attempt_yet(cli: Any, tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    session = _session(path)
+    session.start("do it")
+    session.store.close()
+    run = cli("plan", path)
+    assert run.code == 0, run.err
+    assert "no model attempt yet" in run.out and "startStep attempt 1" in run.out

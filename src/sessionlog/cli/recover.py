@@ -72,7 +72,11 @@ def session_current(state: SessionState) -> tuple[dict[str, Any], str]:
         str(state.header.get("environmentIdentity") or "unknown"),
     )
     if step is None:
-        current = {"configurationDigest": NO_STEP_DIGEST, "environmentIdentity": environment, "tools": []}
+        current: dict[str, Any] = {
+            "configurationDigest": NO_STEP_DIGEST,
+            "environmentIdentity": environment,
+            "tools": [],
+        }
         return current, (
             "no --current: the run has no model attempt yet, so no rule reads the configuration "
             f"(environment {environment!r} from the session)"
