@@ -1,30 +1,39 @@
 """kill -9 of an agent loop written on the runtime (`sessionlog.Session`), resumed again and again.
 
-A child process runs a scripted agent: prompts 1..N, each a run of a few steps in which a fake
-model asks for a safe `read` and then a `bash` (never replayable), then answers. Every tool
-execution is appended to an effects log (the effect itself), every accepted prompt to an ack
-log once `start` returned. The parent SIGKILLs the child at a random moment after it is ready,
-starts the next one (which resumes the session and goes on), and after every kill checks:
+A child process runs the README's loop on a scripted agent: prompts 1..N, each a run of a few
+steps in which a fake model asks for three tools in one answer, a safe `read`, a `write` and a
+`bash` (both never replayable), then answers. Every tool logs itself to an effects log as it
+begins (from there on its effect may have happened), and the child says on stdout where it is
+(`resume`, `model`, `tool NAME`). The parent SIGKILLs children and starts the next one (which
+resumes the session and goes on, restarting a blocked run as the README does), choosing for each
+kill one of:
 
-* no `bash` ran twice (each call id at most once in the effects log);
-* the tools of a step ran in the model's order (no `read` of a step after that step's `bash`:
-  a read replayed after a later bash would return the bash's effect);
-* no accepted prompt is missing from the session;
-* the log reduces; at the end every run is finished, `completed` or `aborted` (the documented
-  terminal state when recovery is blocked: the answer of attempt 2 lost as well).
+* `anywhere`: a random moment of the child's life;
+* `model`: during a model request; `model-twice`: during one, then during the retry of that
+  same request in the next child (attempt 2: the run is blocked, the loop restarts it);
+* `tool`: during a tool (read, write or bash, at random);
+* `recovery`: during `resume()` itself (a tool killed first, so that recovery has work to do).
 
-    python -m sessionlog.testing.agent_kills run --kills 200
+It counts, per design (`intents="tool"`, the default, and `intents="step"`):
+
+* tools run twice (a `write` or `bash` call that began more than once);
+* tools settled as interrupted that never started (no effect logged for that call);
+* runs stuck (a child that failed, a session that did not end idle with every prompt answered);
+* tools out of the model's order (a tool of a step that began after a later tool of that step);
+* runs finished (completed, failed, aborted) and restarts.
+
+    python -m sessionlog.testing.agent_kills run --kills 200 [--intents tool|step]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,27 +44,68 @@ from typing import Any
 
 from ..core.loading import reduce_bytes
 
-PROMPTS = 3
-STEPS = 3  # tool steps per run; then the answer
+PROMPTS = 2
+STEPS = 2  # tool steps per run; then the answer
+TOOLS = ("read", "write", "bash")
+KILLS = ("anywhere", "model", "model-twice", "tool", "recovery")
+INTERRUPTED = "Operation interrupted"
 
 
 @dataclass
 class AgentKillReport:
+    intents: str = "tool"
     kills: int = 0
-    rounds: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)
+    """Kills by kind (`KILLS`) that landed before the child was done."""
+    sessions: int = 0
     runs_finished: int = 0
+    completed: int = 0
+    failed: int = 0
     aborted: int = 0
+    restarts: int = 0
+    tool_runs: int = 0
     bash_runs: int = 0
     replays: int = 0
+    run_twice: int = 0
+    never_started_interrupted: int = 0
+    """Settled as interrupted, never began, its intent durable while an earlier tool ran."""
+    killed_before_the_tool_began: int = 0
+    """Settled as interrupted, never began: killed between its own intent and its first
+    instruction (counted apart: no intent-before-effect design can tell it from a kill just
+    after the tool began)."""
+    interrupted: int = 0
+    stuck: int = 0
+    out_of_order: int = 0
     failures: list[str] = field(default_factory=list)
+    never_started: list[str] = field(default_factory=list)
+    """Which calls were settled as interrupted although they never began (folder: tool key)."""
     seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
+        """No tool ran twice or out of order, no run stuck, every log reduced. Never-started
+        tools settled as interrupted are counted, not failed: the cost of `intents="step"`."""
         return not self.failures
 
+    @property
+    def rounds(self) -> int:
+        return self.sessions
 
-# -- the child: a scripted agent ----------------------------------------------------------------
+    def summary(self) -> str:
+        kinds = ", ".join(f"{kind} {self.kinds.get(kind, 0)}" for kind in KILLS)
+        return (
+            f"intents={self.intents}: {self.kills} kills ({kinds}); {self.sessions} sessions, "
+            f"{self.runs_finished} runs finished ({self.completed} completed, {self.failed} failed, "
+            f"{self.aborted} aborted), {self.restarts} restarts; {self.tool_runs} tool runs, "
+            f"{self.replays} safe reads replayed, {self.interrupted} settled as interrupted; "
+            f"{self.run_twice} run twice, {self.never_started_interrupted} never started but settled as "
+            f"interrupted (and {self.killed_before_the_tool_began} killed between their own intent and "
+            f"their first instruction), {self.stuck} stuck, {self.out_of_order} out of order; "
+            f"{self.seconds:.0f} s"
+        )
+
+
+# -- the child: the README's loop on a scripted agent -------------------------------------------
 
 
 def _append(path: Path, line: str) -> None:
@@ -66,27 +116,33 @@ def _append(path: Path, line: str) -> None:
         os.close(fd)
 
 
-def child_main(folder: Path, seed: int) -> None:
+_markers = 1  # the fd the child says where it is on
+
+
+def _say(line: str) -> None:
+    os.write(_markers, (line + "\n").encode())
+
+
+def child_main(folder: Path, seed: int, intents: str) -> None:
     import sessionlog
 
     rng = random.Random(seed)
-    effects, acks = folder / "effects.log", folder / "acks.log"
+    effects = folder / "effects.log"
 
-    def pause() -> None:
-        time.sleep(rng.random() * 0.004)
+    def tool(name: str, seconds: float) -> Any:
+        def run(arguments: dict[str, Any]) -> str:
+            _append(effects, f"{name} {arguments['key']}")  # from here on the effect may have happened
+            _say(f"tool {name}")
+            time.sleep(rng.random() * seconds)
+            return f"{name} {arguments['key']} done"
 
-    # Each tool logs itself as it begins: from there on its effect may have happened.
-    def read(arguments: dict[str, Any]) -> str:
-        _append(effects, f"read {arguments['key']}")
-        time.sleep(rng.random() * 0.012)  # a slow read: kills land in it, and recovery replays it
-        return f"read {arguments['key']}"
+        return run
 
-    def bash(arguments: dict[str, Any]) -> str:
-        _append(effects, f"bash {arguments['key']}")
-        pause()
-        return f"ran {arguments['key']}"
-
-    tools = [sessionlog.Tool("read", read, replay="safe"), sessionlog.Tool("bash", bash)]
+    tools = [
+        sessionlog.Tool("read", tool("read", 0.010), replay="safe"),
+        sessionlog.Tool("write", tool("write", 0.006)),
+        sessionlog.Tool("bash", tool("bash", 0.006)),
+    ]
     path = folder / "session.jsonl"
     if path.exists():
         store = sessionlog.open(path, "jsonl-fsync")
@@ -94,142 +150,296 @@ def child_main(folder: Path, seed: int) -> None:
         store = sessionlog.create(
             path, "jsonl-fsync", provider="p", model="m", cwd="/agent", environment_identity="a"
         )
-    session = sessionlog.Session(store, tools=tools, model="scripted")
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
+    session = sessionlog.Session(store, tools=tools, model="scripted", intents=intents)
+    _say("ready")
 
-    def drive(run: sessionlog.Run) -> None:
+    def call_model(run: sessionlog.Run) -> tuple[str | None, list[dict[str, Any]]]:
+        transcript = list(session.state.transcript)
+        last_user = max(index for index, message in enumerate(transcript) if message["role"] == "user")
+        step = sum(1 for message in transcript[last_user:] if message["role"] == "assistant")
+        prompt = transcript[last_user]["content"].split()[-1]
+        _say("model")
+        time.sleep(0.002 + rng.random() * 0.006)  # the request
+        if step >= STEPS:
+            return f"answer {prompt}", []
+        key = f"{prompt}.{run.operation_id[-12:]}.{step}"
+        return None, [{"id": f"{name[0]}{key}", "name": name, "arguments": {"key": key}} for name in TOOLS]
+
+    while True:  # the README's quick start, once per prompt
+        _say("resume")
+        run = session.resume()
+        _say("resumed")
+        if run is None:
+            prompts = {m["content"] for m in session.state.transcript if m["role"] == "user"}
+            if len(prompts) >= PROMPTS:
+                break
+            run = session.start(f"prompt {len(prompts) + 1}")
+        if run.blocked:
+            _say("restart")
+            run = run.restart()
         while run.needs_model:
             attempt = run.attempt()
-            state = session.state
-            prompt = sum(1 for message in state.transcript if message["role"] == "user")
-            step = sum(1 for tool in state.tool_calls if tool["toolName"] == "bash")
-            pause()  # the model request
-            if step < STEPS:
-                key = f"{prompt}.{step}"
-                calls = [
-                    {"id": f"r{key}", "name": "read", "arguments": {"key": key}},
-                    {"id": f"b{key}", "name": "bash", "arguments": {"key": key}},
-                ]
-                attempt.settle(None, calls, usage={"input": 3, "output": 2})
-            else:
-                attempt.settle(f"answer {prompt}", usage={"input": 3, "output": 2})
+            content, calls = call_model(run)
+            attempt.settle(content, calls, usage={"input": 3, "output": 2})
             for call in run.start_tools():
                 call.run()
-        if run.blocked is not None:
-            run.abort()
-        else:
-            run.finish()
-
-    run = session.resume()
-    if run is not None:
-        drive(run)
-    while True:
-        accepted = sum(1 for message in session.state.transcript if message["role"] == "user")
-        if accepted >= PROMPTS:
-            break
-        run = session.start(f"prompt {accepted + 1}")
-        _append(acks, f"accepted {accepted + 1}")
-        drive(run)
+        run.finish()
     store.close()
-    sys.stdout.write("done\n")
-    sys.stdout.flush()
+    _say("done")
 
 
 # -- the parent ----------------------------------------------------------------------------------
 
 
+def _effects(folder: Path) -> list[tuple[str, str]]:
+    path = folder / "effects.log"
+    if not path.exists():
+        return []
+    return [(line.split()[0], line.split()[1]) for line in path.read_text().splitlines() if line]
+
+
+def _transactions(data: bytes) -> tuple[dict[str, int], dict[str, int]]:
+    """For each tool call id: the transaction (line) of its intent, and of its result."""
+    intent_at: dict[str, int] = {}
+    result_at: dict[str, int] = {}
+    for number, line in enumerate(data.split(b"\n")[1:], 1):
+        if not line.strip(b"\0 "):
+            continue
+        value = json.loads(line)
+        for fact in value if isinstance(value, list) else [value]:
+            record = fact.get("record") or {}
+            message = (fact.get("entry") or {}).get("message") or {}
+            if record.get("type") == "toolStarted":
+                intent_at[record["toolCallId"]] = number
+            elif message.get("role") == "tool":
+                result_at[message["tool_call_id"]] = number
+    return intent_at, result_at
+
+
 def _check(folder: Path, report: AgentKillReport, *, final: bool) -> None:
-    effects = (folder / "effects.log").read_text().split() if (folder / "effects.log").exists() else []
-    lines = [f"{kind} {key}" for kind, key in zip(effects[::2], effects[1::2], strict=True)]
-    bashes = [line.split()[1] for line in lines if line.startswith("bash")]
-    duplicates = {key for key in bashes if bashes.count(key) > 1}
-    if duplicates:
-        report.failures.append(f"{folder.name}: bash ran twice: {sorted(duplicates)}")
-    for index, line in enumerate(lines):
-        kind, key = line.split()
-        if kind == "read" and f"bash {key}" in lines[:index]:
-            report.failures.append(f"{folder.name}: read {key} ran after bash {key}")
+    """What may be judged after every kill: never-replayable tools at most once, each step's
+    tools in the model's order, the log reduces."""
+    effects = _effects(folder)
+    seen: dict[tuple[str, str], int] = {}
+    for name, key in effects:
+        seen[(name, key)] = seen.get((name, key), 0) + 1
+    twice = {f"{name} {key}" for (name, key), count in seen.items() if count > 1 and name != "read"}
+    order = {name: index for index, name in enumerate(TOOLS)}
+    late: set[str] = set()
+    for position, (name, key) in enumerate(effects):
+        if any(order[other] > order[name] and k == key for other, k in effects[:position]):
+            late.add(f"{name} {key}")
     try:
         state = reduce_bytes((folder / "session.jsonl").read_bytes(), nul_tail=True)
     except Exception as error:  # a failure to report, whatever it is
         report.failures.append(f"{folder.name}: the log does not reduce: {error!r}")
         return
-    acked = (folder / "acks.log").read_text().split("\n") if (folder / "acks.log").exists() else []
+    if not final:  # twice or late are counted once, when the session is judged at its end
+        return
+    report.run_twice += len(twice)
+    report.out_of_order += len(late)
+    for what in sorted(twice):
+        report.failures.append(f"{folder.name}: {what} ran twice")
+    for what in sorted(late):
+        report.failures.append(f"{folder.name}: {what} began after a later tool of its step")
+    calls: dict[str, tuple[str, str]] = {}
+    earlier: dict[str, list[str]] = {}  # call id -> the ids of the calls before it in its answer
+    for message in state.transcript:
+        ids = [call["id"] for call in message.get("tool_calls") or []]
+        for position, call in enumerate(message.get("tool_calls") or []):
+            key = json.loads(call["function"]["arguments"])["key"]
+            calls[call["id"]] = (call["function"]["name"], key)
+            earlier[call["id"]] = ids[:position]
+    data = (folder / "session.jsonl").read_bytes()
+    intent_at, result_at = _transactions(data)
+    began = set(effects)
+    for message in state.transcript:
+        if message["role"] == "tool" and str(message["content"]).startswith(INTERRUPTED):
+            report.interrupted += 1
+            call_id = message["tool_call_id"]
+            if calls[call_id] in began:
+                continue
+            # Its intent was committed after every earlier call of its step had its result: the
+            # kill landed between that intent and the tool's first instruction (no design that
+            # commits the intent before the effect can tell that from a kill just after it).
+            # Else its intent was durable while an earlier tool ran: the batched design's cost.
+            if all(result_at.get(other, 1 << 62) < intent_at[call_id] for other in earlier[call_id]):
+                report.killed_before_the_tool_began += 1
+            else:
+                report.never_started_interrupted += 1
+                report.never_started.append(f"{folder.name}: {' '.join(calls[call_id])}")
+    report.runs_finished += data.count(b'"type":"operationFinished"')
+    report.completed += data.count(b'"outcome":"completed"')
+    report.failed += data.count(b'"outcome":"failed"')
+    report.aborted += data.count(b'"outcome":"aborted"')
+    report.tool_runs += len(effects)
+    report.bash_runs += sum(1 for name, _ in effects if name == "bash")
+    report.replays += sum(count - 1 for (name, _), count in seen.items() if name == "read")
     prompts = {message["content"] for message in state.transcript if message["role"] == "user"}
-    for line in filter(None, acked):
-        if f"prompt {line.split()[1]}" not in prompts:
-            report.failures.append(f"{folder.name}: {line} is not in the session")
-    if final:
-        data = (folder / "session.jsonl").read_bytes()
-        report.runs_finished += data.count(b'"type":"operationFinished"')
-        report.aborted += data.count(b'"outcome":"aborted"')
-        if data.count(b'"type":"operationFinished"') != data.count(b'"type":"runStarted"'):
-            report.failures.append(f"{folder.name}: a run was never finished")
-        report.bash_runs += len(bashes)
-        report.replays += len(lines) - len(set(lines))
-        if not state.is_idle or len(prompts) != PROMPTS:
-            report.failures.append(f"{folder.name}: the session did not end idle with every prompt")
+    if not state.is_idle or len(prompts) != PROMPTS:
+        report.stuck += 1
+        report.failures.append(f"{folder.name}: the session did not end idle with every prompt answered")
 
 
-def _spawn(folder: Path, rng: random.Random) -> subprocess.Popen[bytes]:
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sessionlog.testing.agent_kills",
-            "child",
-            str(folder),
-            str(rng.getrandbits(32)),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    assert child.stdout is not None and child.stderr is not None
-    if child.stdout.readline().strip() != b"ready":
-        raise RuntimeError(f"the scripted agent did not start: {child.stderr.read().decode()[-400:]}")
-    return child
+class Child:
+    """A scripted agent, forked from this process (no interpreter start per child: the
+    harness spends its time on kills, not imports), and the markers it prints."""
+
+    def __init__(self, folder: Path, rng: random.Random, intents: str) -> None:
+        seed = rng.getrandbits(32)
+        self.errors = folder / "child.err"
+        read, write = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child, measured by what it leaves behind
+            status = 1
+            try:
+                global _markers
+                os.close(read)
+                _markers = write
+                os.dup2(os.open(self.errors, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 2)
+                child_main(folder, seed, intents)
+                status = 0
+            except BaseException:
+                import traceback
+
+                os.write(2, traceback.format_exc().encode())
+            finally:
+                os._exit(status)
+        os.close(write)
+        self.pid = pid
+        self.output = os.fdopen(read, "rb")
+        self.lines: list[str] = []
+        self.returncode: int | None = None
+        if self.wait_for("ready") is None:
+            _, code, error = self.end()
+            raise RuntimeError(f"the scripted agent did not start (exit {code}): {error[-400:]}")
+
+    def wait_for(self, *markers: str) -> str | None:
+        """Read markers until one of `markers` (returned) or the end of its output (None)."""
+        while True:
+            raw = self.output.readline()
+            if not raw:
+                return None
+            line = raw.decode().strip()
+            self.lines.append(line)
+            if line in markers:
+                return line
+            if line == "done":
+                return None
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    def end(self) -> tuple[bool, int, str]:
+        """Whether it finished (`done`), its exit status, the tail of its stderr."""
+        self.lines.extend(line.decode().strip() for line in self.output.read().splitlines())
+        self.output.close()
+        _, status = os.waitpid(self.pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        error = self.errors.read_text(errors="replace")[-800:] if self.errors.exists() else ""
+        return "done" in self.lines, code, error
 
 
-def _calibrate(folder: Path, rng: random.Random) -> float:
-    """How long a whole child takes here, from ready to done: kills are aimed within it."""
+def _aim(child: Child, kind: str, rng: random.Random, span: float, first: bool) -> bool:
+    """Wait for the moment `kind` aims at and kill there; False if the child was done first."""
+    if kind == "anywhere":
+        time.sleep(rng.uniform(0, span))
+    elif kind in ("model", "model-twice"):
+        if child.wait_for("model") is None:
+            return False
+        time.sleep(rng.uniform(0, 0.003))
+    elif kind == "tool":
+        name = rng.choice(TOOLS)
+        if child.wait_for(f"tool {name}") is None:
+            return False
+        time.sleep(rng.uniform(0, 0.004))
+    elif kind == "recovery":
+        if first:  # a tool killed first, so that the next child's recovery has work to do
+            if child.wait_for(f"tool {rng.choice(TOOLS)}") is None:
+                return False
+        else:
+            if child.wait_for("resume") is None:
+                return False
+            time.sleep(rng.uniform(0, 0.012))
+    child.kill()
+    return True
+
+
+def _calibrate(folder: Path, rng: random.Random, intents: str) -> float:
+    """How long a whole child takes here, from ready to done: `anywhere` kills aim within it."""
     folder.mkdir()
-    child = _spawn(folder, rng)
     started = time.monotonic()
-    child.communicate()
+    Child(folder, rng, intents).end()
     shutil.rmtree(folder, ignore_errors=True)
     return time.monotonic() - started
 
 
 def run_agent_kills(
-    kills: int = 200, *, seed: int = 0, directory: str | os.PathLike[str] | None = None
+    kills: int = 200,
+    *,
+    seed: int = 0,
+    directory: str | os.PathLike[str] | None = None,
+    intents: str = "tool",
+    kinds: Sequence[str] = KILLS,
 ) -> AgentKillReport:
-    """SIGKILL `kills` children running the scripted agent (see the module docstring)."""
-    report = AgentKillReport()
-    rng = random.Random(f"agent-kills:{seed}")
+    """SIGKILL `kills` children running the scripted agent (see the module docstring), each
+    kill of a kind drawn from `kinds`, under the design `intents` (`tool` or `step`)."""
+    unknown = sorted(set(kinds) - set(KILLS))
+    if unknown or not kinds:
+        raise ValueError(f"kill kinds are some of {', '.join(KILLS)}, not {unknown or 'none'}")
+    report = AgentKillReport(intents=intents)
+    rng = random.Random(f"agent-kills:{seed}:{intents}")
     owned = directory is None
     root = Path(tempfile.mkdtemp(prefix="sessionlog-agent-")) if directory is None else Path(directory)
     started = time.monotonic()
     try:
-        span = _calibrate(root / "calibration", rng)
-        folder = root / "round-0"
+        span = _calibrate(root / "calibration", rng, intents)
+        folder = root / "session-0"
         folder.mkdir(parents=True)
+        plan: list[tuple[str, bool]] = []  # (kind, first of a pair) still to aim in this session
+        failed_in_a_row = 0
         while report.kills < kills:
-            child = _spawn(folder, rng)
-            time.sleep(rng.uniform(0, span))
-            with contextlib.suppress(ProcessLookupError):
-                child.send_signal(signal.SIGKILL)
-            rest, error = child.communicate()
-            finished = b"done" in rest
-            if child.returncode not in (0, -signal.SIGKILL):
-                report.failures.append(f"a child failed (exit {child.returncode}): {error.decode()[-600:]}")
-                break
-            report.kills += not finished
-            _check(folder, report, final=finished)
-            if finished:  # every prompt done: the next kills go to a new session
-                report.rounds += 1
-                folder = root / f"round-{report.rounds}"
+            if not plan:
+                kind = rng.choice(list(kinds))
+                paired = kind in ("model-twice", "recovery")
+                plan = [(kind, True), (kind, False)] if paired else [(kind, True)]
+            kind, first = plan.pop(0)
+            child = Child(folder, rng, intents)
+            landed = _aim(child, kind, rng, span, first)
+            finished, code, error = child.end()
+            if code not in (0, -signal.SIGKILL) or (code == 0 and not finished):
+                report.stuck += 1
+                report.failures.append(f"{folder.name}: a child failed (exit {code}): {error}")
+                failed_in_a_row += 1
+                if failed_in_a_row < 3:
+                    continue
+                finished = True  # stuck for good: judge it and go on with a new session
+            failed_in_a_row = 0
+            report.restarts += child.lines.count("restart")
+            if landed and not finished:
+                report.kills += 1
+                report.kinds[kind] = report.kinds.get(kind, 0) + 1
+            else:
+                plan = []
+            _check(folder, report, final=False)
+            if finished:
+                _finish_session(folder, report)
+                report.sessions += 1
+                folder = root / f"session-{report.sessions}"
                 folder.mkdir()
+                plan = []
+        if (folder / "session.jsonl").exists():  # the last session: run it to its end, unkilled
+            child = Child(folder, rng, intents)
+            finished, code, error = child.end()
+            report.restarts += child.lines.count("restart")
+            if code != 0:
+                report.stuck += 1
+                report.failures.append(f"{folder.name}: a child failed (exit {code}): {error}")
+            _finish_session(folder, report)
+            report.sessions += 1
     finally:
         report.seconds = time.monotonic() - started
         if owned:
@@ -237,30 +447,28 @@ def run_agent_kills(
     return report
 
 
+def _finish_session(folder: Path, report: AgentKillReport) -> None:
+    _check(folder, report, final=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sessionlog.testing.agent_kills", description=__doc__.split("\n")[0]
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    child = commands.add_parser("child", help="run the scripted agent (used by the harness)")
-    child.add_argument("folder", type=Path)
-    child.add_argument("seed", type=int)
     run = commands.add_parser("run", help="kill agents and check what they did")
-    run.add_argument("--kills", type=int, default=200)
+    run.add_argument("--kills", type=int, default=200, help="kills per design")
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--intents", choices=("tool", "step", "both"), default="both")
     args = parser.parse_args(argv)
-    if args.command == "child":
-        child_main(args.folder, args.seed)
-        return 0
-    report = run_agent_kills(args.kills, seed=args.seed)
-    print(
-        f"{report.kills} kills, {report.rounds} sessions completed, {report.runs_finished} runs finished "
-        f"({report.aborted} aborted), {report.bash_runs} bash runs, "
-        f"{report.replays} safe reads replayed, {report.seconds:.1f}s: {'ok' if report.ok else 'FAILED'}"
-    )
-    for failure in report.failures[:10]:
-        print("  ", failure)
-    return 0 if report.ok else 1
+    ok = True
+    for intents in ("tool", "step") if args.intents == "both" else (args.intents,):
+        report = run_agent_kills(args.kills, seed=args.seed, intents=intents)
+        print(report.summary())
+        for failure in report.failures[:10]:
+            print("  ", failure)
+        ok = ok and report.ok
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
