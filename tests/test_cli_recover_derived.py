@@ -98,7 +98,7 @@ def test_a_given_current_is_still_used(cli: Any, tmp_path: Path) -> None:
     _exhausted(path)
     current = tmp_path / "current.json"
     session_current = sessionlog.Session(sessionlog.open(path, "jsonl"), tools=_tools(), model="other")
-    current.write_text(json.dumps(session_current.configuration.current))
+    current.write_text(json.dumps(session_current.current()))  # the program's own, dumped
     session_current.store.close()
     run = cli("plan", path, "--current", current)
     assert run.code == 4 and "no --current" not in run.out

@@ -39,7 +39,7 @@ import orjson
 
 from .core import facts as build
 from .core.commit import _first_non_json as first_non_json
-from .core.state import SessionState
+from .core.state import SessionState, copy_json
 from .recovery import (
     Store,
     ToolStart,
@@ -403,6 +403,12 @@ class SessionBase:
             routing=routing,
             output_options=output_options,
         )
+
+    def current(self) -> dict[str, Any]:
+        """The planner's current configuration made from these declarations (a copy), as the
+        contract's current-configuration JSON: `json.dump` it for `sessionlog plan|recover|abort
+        --current FILE`."""
+        return copy_json(dict(self.configuration.current))  # type: ignore[no-any-return]
 
     def _header_environment(self) -> str:
         header = getattr(self.store, "header", None)  # the built-in stores know their header
