@@ -103,7 +103,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, A
     for seconds in (4, 8, 16):  # longer where a loaded machine let the workers do little
         tmp = tmp_path_factory.mktemp("recorded")
         location = str(tmp / "repo")
-        report = run_fault_harness(location, seconds=seconds, faults=("kill",), work=tmp / "work")
+        report = run_fault_harness(location, seconds=seconds, faults=("kill",), pause=1.0, work=tmp / "work")
         assert report.ok, report.check.violations[:5] + report.notes[:5]
         if report.check.acknowledged >= 30:
             break
