@@ -116,3 +116,27 @@ def test_restart_and_end_refuse_a_run_that_is_not_blocked(tmp_path: Path) -> Non
     with pytest.raises(sessionlog.RuntimeStateError, match="not blocked"):
         run.end()
     session.store.close()
+
+
+def test_the_async_twin_restarts_a_blocked_run(tmp_path: Path) -> None:
+    import asyncio
+
+    async def main() -> None:
+        path = tmp_path / "s.jsonl"
+        store = await sessionlog.create_async(path, "jsonl-group", **HEADER)
+        session = sessionlog.AsyncSession(store, tools=_tools([]), model="m")
+        await (await session.start("do it")).attempt()
+        await (await session.resume()).attempt()  # type: ignore[union-attr]
+        run = await session.resume()
+        assert run is not None
+        blocked = await run.blocked()
+        assert blocked is not None and blocked.reason == "attempts_exhausted"
+        with pytest.raises(sessionlog.RunBlockedError):
+            await run.attempt()
+        again = await run.restart()
+        await (await again.attempt()).settle("done")
+        assert (await again.finish())["outcome"] == "completed"
+        assert (await session.state()).last_finished["outcome"] == "completed"  # type: ignore[index]
+        await store.close()
+
+    asyncio.run(main())
