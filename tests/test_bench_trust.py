@@ -89,17 +89,19 @@ def test_a_moved_ceiling_makes_its_rows_unreliable_and_a_busy_machine_every_figu
     assert trust.unreliable(_result(steady)) == []
     assert report.advise(_result(steady))[0].endswith("p99 400 µs)")
     moved = [_ceiling(300, 73, 341, remeasured=True), steady[1]]  # 89% apart, even measured again
-    lines = trust.unreliable(_result(moved))
-    assert any(
-        "the ceiling write+fdatasync moved 89% between rounds even measured again" in line for line in lines
+    (line,) = trust.unreliable(_result(moved))
+    assert line == (
+        f"{SHAPE}: the ceiling write+fdatasync moved 89% between rounds even measured again; "
+        "unreliable rows: jsonl-fsync (vs ceiling: the ceiling moved)"
     )
-    assert any(line.startswith("jsonl-fsync (a: ") and "the ceiling moved" in line for line in lines)
     assert trust.unreliable_rows(_result(moved)) == {(SHAPE, "jsonl-fsync")}
     assert report.advise(_result(moved))[0].endswith("(unreliable in this run: see above)")
     busy = trust.unreliable(_result(steady, {"cpus": 2, "start": 0.2, "end": 5.5}))
     assert busy and busy[0].startswith("every figure: the machine's load was 5.5 on 2 CPUs")
     spread_out = [steady[0], _row("jsonl-fsync", 100, 40, 300)]
-    assert any("its rounds spread 260%" in line for line in trust.unreliable(_result(spread_out)))
+    assert trust.unreliable(_result(spread_out)) == [
+        f"{SHAPE}: unreliable rows: jsonl-fsync (its rounds spread 260%: 40-300/s)"
+    ]
 
 
 def test_the_printed_checks_say_what_was_measured_again_and_what_is_unreliable() -> None:

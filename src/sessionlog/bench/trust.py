@@ -45,23 +45,26 @@ def unreliable(result: Mapping[str, Any]) -> list[str]:
             "cores; ratios to the ceilings measured in the same rounds hold better than rates)"
         )
     ceilings = {(row["shape"], row["name"]): row for row in result["rows"] if row["kind"] == "ceiling"}
+    shapes: dict[str, tuple[list[str], list[str]]] = {}  # shape -> (its moved ceilings, its rows)
     for row in result["rows"]:
+        moved_ceilings, rows = shapes.setdefault(row["shape"], ([], []))
         if row["kind"] == "ceiling":
             if spread(row) > MOVED:
                 again = " even measured again" if row.get("remeasured") else ""
-                lines.append(
-                    f"{row['shape']}: the ceiling {row['name']} moved {spread(row):.0%} between rounds"
-                    f"{again}; the rows measured against it are unreliable"
+                moved_ceilings.append(
+                    f"the ceiling {row['name']} moved {spread(row):.0%} between rounds{again}"
                 )
             continue
-        if spread(row) > MOVED:
-            lines.append(
-                f"{row['name']} ({row['shape']}): its rounds spread {spread(row):.0%} "
-                f"({row['min_per_s']:,.0f}-{row['max_per_s']:,.0f}/s)"
-            )
         ceiling = ceilings.get((row["shape"], row.get("ceiling")))
-        if ceiling is not None and spread(ceiling) > MOVED and spread(row) <= MOVED:
-            lines.append(f"{row['name']} ({row['shape']}): vs ceiling, the ceiling moved")
+        if spread(row) > MOVED:
+            low, high = row["min_per_s"], row["max_per_s"]
+            rows.append(f"{row['name']} (its rounds spread {spread(row):.0%}: {low:,.0f}-{high:,.0f}/s)")
+        elif ceiling is not None and spread(ceiling) > MOVED:
+            rows.append(f"{row['name']} (vs ceiling: the ceiling moved)")
+    for shape, (moved_ceilings, rows) in shapes.items():
+        if moved_ceilings or rows:
+            parts = moved_ceilings + ([f"unreliable rows: {', '.join(rows)}"] if rows else [])
+            lines.append(f"{shape}: {'; '.join(parts)}")
     return lines
 
 
