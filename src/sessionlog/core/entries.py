@@ -1,6 +1,6 @@
 """The reducer's rules for entry facts (contract sections 3-5 and 7): user, assistant and tool
 messages, pre-execution synthetic results, compaction entries. Each function takes the live
-`Reducer` and mutates it, journalling while a commit is validated."""
+`ReducerState` and mutates it, journalling while a commit is validated."""
 
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ from .shapes import (
 )
 
 if TYPE_CHECKING:
-    from .reducer import Reducer
+    from .reducer_state import ReducerState
 
 
-def message_shape(reducer: Reducer, value: Any, line: int, seq: int) -> Any:
+def message_shape(reducer: ReducerState, value: Any, line: int, seq: int) -> Any:
     """Validate a message and return it as it is: its key set is then exactly the contract's
     (no unknown keys, every required one present), so it equals the normal form."""
     if type(value) is not dict:
@@ -45,13 +45,13 @@ def message_shape(reducer: Reducer, value: Any, line: int, seq: int) -> Any:
     content = value.get("content")
     if role == "user":
         if not USER_MESSAGE.issuperset(value):
-            reducer._keys(value, USER_MESSAGE, "user message", line, seq)
+            reducer.check_keys(value, USER_MESSAGE, "user message", line, seq)
         if type(content) is not str or not content:
             raise fail("INVALID_FACT", line, seq, "user content is not a non-empty string")
         return value
     if role == "tool":
         if not TOOL_MESSAGE.issuperset(value):
-            reducer._keys(value, TOOL_MESSAGE, "tool message", line, seq)
+            reducer.check_keys(value, TOOL_MESSAGE, "tool message", line, seq)
         if type(content) is not str:
             raise fail("INVALID_FACT", line, seq, "tool content is not a string")
         call_id = value.get("tool_call_id")
@@ -61,7 +61,7 @@ def message_shape(reducer: Reducer, value: Any, line: int, seq: int) -> Any:
     if role != "assistant":
         raise fail("INVALID_FACT", line, seq, f"message role {shown(role)} is not user, assistant or tool")
     if not ASSISTANT_MESSAGE.issuperset(value):
-        reducer._keys(value, ASSISTANT_MESSAGE, "assistant message", line, seq)
+        reducer.check_keys(value, ASSISTANT_MESSAGE, "assistant message", line, seq)
     if content is not None and type(content) is not str:
         raise fail("INVALID_FACT", line, seq, "assistant content is not a string or null")
     if "content" not in value:  # the ports read a missing content as null
@@ -76,14 +76,14 @@ def message_shape(reducer: Reducer, value: Any, line: int, seq: int) -> Any:
         if type(raw) is not dict:
             raise fail("INVALID_FACT", line, seq, "a tool call is not an object")
         if not TOOL_CALL.issuperset(raw):
-            reducer._keys(raw, TOOL_CALL, "tool call", line, seq)
+            reducer.check_keys(raw, TOOL_CALL, "tool call", line, seq)
         if raw.get("type") != "function":
             raise fail("INVALID_FACT", line, seq, 'tool call type is not "function"')
         function = raw.get("function")
         if type(function) is not dict:
             raise fail("INVALID_FACT", line, seq, "tool call function is not an object")
         if not FUNCTION.issuperset(function):
-            reducer._keys(function, FUNCTION, "tool call function", line, seq)
+            reducer.check_keys(function, FUNCTION, "tool call function", line, seq)
         arguments = function.get("arguments")
         if type(arguments) is not str:
             raise fail("INVALID_FACT", line, seq, "tool call arguments is not a string")
@@ -97,9 +97,9 @@ def message_shape(reducer: Reducer, value: Any, line: int, seq: int) -> Any:
     return value
 
 
-def apply_entry(reducer: Reducer, fact: dict[str, Any], fact_id: str, line: int, seq: int) -> None:
+def apply_entry(reducer: ReducerState, fact: dict[str, Any], fact_id: str, line: int, seq: int) -> None:
     if not ENTRY_FACT.issuperset(fact):
-        reducer._keys(fact, ENTRY_FACT, "entry fact", line, seq)
+        reducer.check_keys(fact, ENTRY_FACT, "entry fact", line, seq)
     entry = fact.get("entry")
     if type(entry) is not dict:
         raise fail("INVALID_FACT", line, seq, "entry is not an object")
@@ -112,7 +112,7 @@ def apply_entry(reducer: Reducer, fact: dict[str, Any], fact_id: str, line: int,
         raise fail("INVALID_FACT", line, seq, f"entry type {shown(entry_type)} is not message or compaction")
 
 
-def apply_message(reducer: Reducer, entry: dict[str, Any], fact_id: str, line: int, seq: int) -> None:
+def apply_message(reducer: ReducerState, entry: dict[str, Any], fact_id: str, line: int, seq: int) -> None:
     message = message_shape(reducer, entry.get("message"), line, seq)
     role = message["role"]
     order = len(reducer.entries)
@@ -121,7 +121,7 @@ def apply_message(reducer: Reducer, entry: dict[str, Any], fact_id: str, line: i
         if fact_id in reducer.reserved:
             raise fail("DUPLICATE_ID", line, seq, f"user entry id {fact_id} is reserved")
         if not USER_ENTRY.issuperset(entry):
-            reducer._keys(entry, USER_ENTRY, "user entry", line, seq)
+            reducer.check_keys(entry, USER_ENTRY, "user entry", line, seq)
         info = Entry("message", message, order, through)
     elif role == "assistant":
         info = settle_attempt(reducer, entry, message, fact_id, line, seq)
@@ -132,17 +132,17 @@ def apply_message(reducer: Reducer, entry: dict[str, Any], fact_id: str, line: i
     reducer.boundary = fact_id
     reducer.message_ids.append(fact_id)
     reducer.entries[fact_id] = info
-    if reducer._undo is not None:
-        reducer._undo.append(functools.partial(reducer.entries.pop, fact_id))
+    if reducer.undo is not None:
+        reducer.undo.append(functools.partial(reducer.entries.pop, fact_id))
 
 
 def settle_attempt(
-    reducer: Reducer, entry: dict[str, Any], message: dict[str, Any], fact_id: str, line: int, seq: int
+    reducer: ReducerState, entry: dict[str, Any], message: dict[str, Any], fact_id: str, line: int, seq: int
 ) -> Entry:
     if fact_id in reducer.reserved:
         raise fail("DUPLICATE_ID", line, seq, f"assistant entry id {fact_id} is reserved")
     if not ASSISTANT_ENTRY.issuperset(entry):
-        reducer._keys(entry, ASSISTANT_ENTRY, "assistant entry", line, seq)
+        reducer.check_keys(entry, ASSISTANT_ENTRY, "assistant entry", line, seq)
     step_id = entry.get("stepId")
     attempt_id = entry.get("attemptId")
     attempt = reducer.attempts.get(attempt_id) if type(attempt_id) is str else None
@@ -168,8 +168,8 @@ def settle_attempt(
         raise fail("INVALID_TRANSCRIPT", line, seq, "stopReason toolUse without tool calls")
     if stop == "stop" and "tool_calls" in message:
         raise fail("INVALID_TRANSCRIPT", line, seq, "stopReason stop with tool calls")
-    if reducer._undo is not None:
-        reducer._restore(attempt, "closed", "settled_id", "stop_reason")
+    if reducer.undo is not None:
+        reducer.remember(attempt, "closed", "settled_id", "stop_reason")
     attempt.closed = True
     attempt.settled_id = fact_id
     attempt.stop_reason = stop
@@ -186,15 +186,15 @@ def settle_attempt(
 
 
 def tool_result(
-    reducer: Reducer, entry: dict[str, Any], message: dict[str, Any], fact_id: str, line: int, seq: int
+    reducer: ReducerState, entry: dict[str, Any], message: dict[str, Any], fact_id: str, line: int, seq: int
 ) -> Entry:
     pre_execution = "assistantEntryId" in entry or "toolIndex" in entry
     if pre_execution:
         if not PRE_EXECUTION_ENTRY.issuperset(entry):
-            reducer._keys(entry, PRE_EXECUTION_ENTRY, "pre-execution result entry", line, seq)
+            reducer.check_keys(entry, PRE_EXECUTION_ENTRY, "pre-execution result entry", line, seq)
     else:
         if not STARTED_RESULT_ENTRY.issuperset(entry):
-            reducer._keys(entry, STARTED_RESULT_ENTRY, "tool result entry", line, seq)
+            reducer.check_keys(entry, STARTED_RESULT_ENTRY, "tool result entry", line, seq)
     step_id = entry.get("stepId")
     started_id = entry.get("toolStartedId")
     started = None if pre_execution or type(started_id) is not str else reducer.tools.get(started_id)
@@ -206,7 +206,7 @@ def tool_result(
     if type(result) is not dict:
         raise fail("INVALID_FACT", line, seq, "result is not an object")
     if not RESULT.issuperset(result):
-        reducer._keys(result, RESULT, "result", line, seq)
+        reducer.check_keys(result, RESULT, "result", line, seq)
     tool_name = entry.get("toolName")
     if type(tool_name) is not str or not tool_name:
         raise fail("INVALID_FACT", line, seq, "toolName is not a non-empty string")
@@ -249,8 +249,8 @@ def tool_result(
         if message["content"] != SYNTHETIC_CONTENT[reason]:
             raise fail("INVALID_TRANSCRIPT", line, seq, f"content is not the fixed {reason} text")
         reducer.outcomes.add(pair)
-        if reducer._undo is not None:
-            reducer._undo.append(functools.partial(reducer.outcomes.discard, pair))
+        if reducer.undo is not None:
+            reducer.undo.append(functools.partial(reducer.outcomes.discard, pair))
         return Entry("message", message, order, through, assistant.operation_id, step_id)
     if reducer.reserved.get(fact_id) != TOOL_RESULT:
         raise fail("INVALID_REFERENCE", line, seq, f"{fact_id} is not a reserved tool-result id")
@@ -284,16 +284,16 @@ def tool_result(
         )
     started["status"] = "completed"
     owner = reducer.operations[started["operationId"]]
-    if reducer._undo is not None:
-        reducer._undo.append(functools.partial(started.__setitem__, "status", "pending"))
-        reducer._restore(owner, "pending")
+    if reducer.undo is not None:
+        reducer.undo.append(functools.partial(started.__setitem__, "status", "pending"))
+        reducer.remember(owner, "pending")
     owner.pending -= 1
-    reducer._release(fact_id)
+    reducer.unreserve(fact_id)
     return Entry("message", message, order, through, started["operationId"], started["stepId"])
 
 
 def call_at(
-    reducer: Reducer, assistant: Entry, index: int, call_id: Any, name: Any, line: int, seq: int
+    reducer: ReducerState, assistant: Entry, index: int, call_id: Any, name: Any, line: int, seq: int
 ) -> None:
     calls = assistant.message.get("tool_calls", ()) if assistant.message else ()
     call = calls[index] if index < len(calls) else None
@@ -306,12 +306,12 @@ def call_at(
         )
 
 
-def apply_compaction(reducer: Reducer, entry: dict[str, Any], fact_id: str, line: int, seq: int) -> None:
+def apply_compaction(reducer: ReducerState, entry: dict[str, Any], fact_id: str, line: int, seq: int) -> None:
     if reducer.reserved.get(fact_id) != COMPACTION_RESULT:
         raise fail("INVALID_REFERENCE", line, seq, f"{fact_id} is not a reserved compaction result id")
     if not COMPACTION_ENTRY.issuperset(entry):
-        reducer._keys(entry, COMPACTION_ENTRY, "compaction entry", line, seq)
-    found = reducer._running(entry.get("operationId"), "operationId", line, seq)
+        reducer.check_keys(entry, COMPACTION_ENTRY, "compaction entry", line, seq)
+    found = reducer.running(entry.get("operationId"), "operationId", line, seq)
     current = reducer.current
     if found.kind != "compaction" or current is not found:
         raise fail("INVALID_TRANSITION", line, seq, "operationId is not the current compaction")
@@ -338,7 +338,7 @@ def apply_compaction(reducer: Reducer, entry: dict[str, Any], fact_id: str, line
         if type(item) is not dict:
             raise fail("INVALID_FACT", line, seq, "a retained message is not an object")
         if not RETAINED.issuperset(item):
-            reducer._keys(item, RETAINED, "retained message", line, seq)
+            reducer.check_keys(item, RETAINED, "retained message", line, seq)
         source_id = item.get("sourceEntryId")
         if type(source_id) is not str or UUID7(source_id) is None:
             raise fail("INVALID_FACT", line, seq, "sourceEntryId is not a UUIDv7")
@@ -370,11 +370,11 @@ def apply_compaction(reducer: Reducer, entry: dict[str, Any], fact_id: str, line
         raise fail("INVALID_TRANSITION", line, seq, "the compaction has no open compaction attempt")
     reducer.active_context = [{"role": "user", "content": "[Compacted history]\n" + summary}, *retained]
     reducer.boundary = found.input_id
-    if reducer._undo is not None:
-        reducer._restore(attempt, "closed", "settled_id")
+    if reducer.undo is not None:
+        reducer.remember(attempt, "closed", "settled_id")
     attempt.closed = True
     attempt.settled_id = fact_id
-    reducer._release(fact_id)
+    reducer.unreserve(fact_id)
     reducer.entries[fact_id] = Entry(
         "compaction",
         None,
@@ -384,8 +384,8 @@ def apply_compaction(reducer: Reducer, entry: dict[str, Any], fact_id: str, line
         attempt.step_id,
         attempt.attempt_id,
     )
-    if reducer._undo is not None:
-        reducer._undo.append(functools.partial(reducer.entries.pop, fact_id))
+    if reducer.undo is not None:
+        reducer.undo.append(functools.partial(reducer.entries.pop, fact_id))
 
 
 def check_messages(messages: list[dict[str, Any]], line: int, seq: int) -> None:

@@ -1,6 +1,6 @@
 """The reducer's undo journal: while a store validates a commit, every mutation records how to undo
 itself, so that a rejected transaction leaves the state exactly as it was. A bulk load keeps no
-journal (`_undo` is None): a failing transaction ends the load anyway."""
+journal (`undo` is None): a failing transaction ends the load anyway."""
 
 from __future__ import annotations
 
@@ -12,24 +12,24 @@ class Journal:
     """Mixed into the reducer: `begin` (in the reducer, which knows what to save) opens it;
     `release` forgets it, `rollback` undoes back to a mark."""
 
-    _undo: list[Callable[[], object]] | None = None
+    undo: list[Callable[[], object]] | None = None
 
     def release(self) -> None:
         """Every journalled transaction is durable: forget how to undo them."""
-        self._undo = None
+        self.undo = None
 
     def rollback(self, mark: int = 0) -> None:
         """Undo every transaction from `mark` on, newest first."""
-        undo = self._undo
+        undo = self.undo
         if undo is None or mark > len(undo):
             raise RuntimeError("rollback without a matching begin")
         while len(undo) > mark:
             undo.pop()()
         if not undo:
-            self._undo = None
+            self.undo = None
 
-    def _restore(self, target: object, *names: str) -> None:
+    def remember(self, target: object, *names: str) -> None:
         """Journal the current values of `names` on `target` (call only while journalling)."""
-        assert self._undo is not None
+        assert self.undo is not None
         for name in names:
-            self._undo.append(functools.partial(setattr, target, name, getattr(target, name)))
+            self.undo.append(functools.partial(setattr, target, name, getattr(target, name)))

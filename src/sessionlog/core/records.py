@@ -1,6 +1,6 @@
 """The reducer's rules for record facts (contract sections 6-8): runs and compactions started,
 configuration snapshots, step attempts and failures, tool intents, abort requests, operations
-finished. Each function takes the live `Reducer` and mutates it, journalling while a commit is
+finished. Each function takes the live `ReducerState` and mutates it, journalling while a commit is
 validated."""
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ from .shapes import (
 )
 
 if TYPE_CHECKING:
-    from .reducer import Reducer
+    from .reducer_state import ReducerState
 
 
-def apply_record(reducer: Reducer, fact: dict[str, Any], fact_id: str, line: int, seq: int) -> None:
+def apply_record(reducer: ReducerState, fact: dict[str, Any], fact_id: str, line: int, seq: int) -> None:
     if not RECORD_FACT.issuperset(fact):
-        reducer._keys(fact, RECORD_FACT, "record fact", line, seq)
+        reducer.check_keys(fact, RECORD_FACT, "record fact", line, seq)
     record = fact.get("record")
     if type(record) is not dict:
         raise fail("INVALID_FACT", line, seq, "record is not an object")
@@ -46,7 +46,7 @@ def apply_record(reducer: Reducer, fact: dict[str, Any], fact_id: str, line: int
     if allowed is None or type(kind) is not str:
         raise fail("INVALID_FACT", line, seq, f"record type {shown(kind)} is unknown")
     if not allowed.issuperset(record):
-        reducer._keys(record, allowed, kind, line, seq)
+        reducer.check_keys(record, allowed, kind, line, seq)
     if kind == "stepAttempt":
         step_attempt(reducer, record, line, seq)
     elif kind == "toolStarted":
@@ -63,17 +63,17 @@ def apply_record(reducer: Reducer, fact: dict[str, Any], fact_id: str, line: int
         compaction_started(reducer, record, line, seq)
 
 
-def start(reducer: Reducer, operation: Operation) -> None:
+def start(reducer: ReducerState, operation: Operation) -> None:
     reducer.operations[operation.id] = operation
-    if reducer._undo is not None:
-        reducer._undo.append(functools.partial(reducer.operations.pop, operation.id))
+    if reducer.undo is not None:
+        reducer.undo.append(functools.partial(reducer.operations.pop, operation.id))
     reducer.current = operation
 
 
-def run_started(reducer: Reducer, record: dict[str, Any], line: int, seq: int) -> None:
+def run_started(reducer: ReducerState, record: dict[str, Any], line: int, seq: int) -> None:
     if record.get("operationKind") != "run" or reducer.current is not None:
         raise fail("INVALID_TRANSITION", line, seq, "runStarted needs operationKind run and an idle session")
-    operation_id = reducer._reserve(record.get("operationId"), "operationId", line, seq)
+    operation_id = reducer.reserve(record.get("operationId"), "operationId", line, seq)
     input_id = record.get("inputEntryId")
     if type(input_id) is not str or UUID7(input_id) is None:
         raise fail("INVALID_FACT", line, seq, "inputEntryId is not a UUIDv7")
@@ -83,7 +83,7 @@ def run_started(reducer: Reducer, record: dict[str, Any], line: int, seq: int) -
     start(reducer, Operation("run", operation_id, input_id))
 
 
-def compaction_started(reducer: Reducer, record: dict[str, Any], line: int, seq: int) -> None:
+def compaction_started(reducer: ReducerState, record: dict[str, Any], line: int, seq: int) -> None:
     if record.get("operationKind") != "compaction" or reducer.current is not None:
         raise fail(
             "INVALID_TRANSITION",
@@ -91,11 +91,11 @@ def compaction_started(reducer: Reducer, record: dict[str, Any], line: int, seq:
             seq,
             "compactionStarted needs operationKind compaction and an idle session",
         )
-    operation_id = reducer._reserve(record.get("operationId"), "operationId", line, seq)
+    operation_id = reducer.reserve(record.get("operationId"), "operationId", line, seq)
     input_id = record.get("inputThroughEntryId")
     if type(input_id) is not str or UUID7(input_id) is None:
         raise fail("INVALID_FACT", line, seq, "inputThroughEntryId is not a UUIDv7")
-    result_id = reducer._reserve(record.get("resultEntryId"), "resultEntryId", line, seq, COMPACTION_RESULT)
+    result_id = reducer.reserve(record.get("resultEntryId"), "resultEntryId", line, seq, COMPACTION_RESULT)
     source = reducer.entries.get(input_id)
     if source is None:
         raise fail("INVALID_REFERENCE", line, seq, f"inputThroughEntryId {input_id} is not an entry")
@@ -110,7 +110,7 @@ def compaction_started(reducer: Reducer, record: dict[str, Any], line: int, seq:
     exact = (count := source.messages_through) == len(partition) and partition == ids[:count]
     if not exact:
         for value in partition:
-            reducer._uuid(value, "a partition id", line, seq)
+            reducer.check_uuid(value, "a partition id", line, seq)
     if source.message is None:
         raise fail("INVALID_REFERENCE", line, seq, "inputThroughEntryId is not a message entry")
     if not exact:
@@ -129,33 +129,33 @@ def compaction_started(reducer: Reducer, record: dict[str, Any], line: int, seq:
     start(reducer, Operation("compaction", operation_id, input_id, result_id))
 
 
-def running_source_digest(reducer: Reducer, count: int) -> str:
+def running_source_digest(reducer: ReducerState, count: int) -> str:
     """The compaction `sourceDigest` of the first `count` messages. Messages never change once
     appended, so the hash runs on from the last compaction: each message is encoded and
     hashed once per session, not once per compaction."""
-    if count < reducer._source_count:  # an earlier boundary than the last one hashed: from scratch
+    if count < reducer.source_count:  # an earlier boundary than the last one hashed: from scratch
         entries = reducer.entries
         return source_digest((mid, entries[mid].message or {}) for mid in reducer.message_ids[:count])
-    if reducer._undo is not None:  # a rolled-back transaction may remove messages hashed here
-        reducer._undo.append(
-            functools.partial(set_source, reducer, reducer._source_hash.copy(), reducer._source_count)
+    if reducer.undo is not None:  # a rolled-back transaction may remove messages hashed here
+        reducer.undo.append(
+            functools.partial(set_source, reducer, reducer.source_hash.copy(), reducer.source_count)
         )
-    running, entries, ids = reducer._source_hash, reducer.entries, reducer.message_ids
-    for index in range(reducer._source_count, count):
+    running, entries, ids = reducer.source_hash, reducer.entries, reducer.message_ids
+    for index in range(reducer.source_count, count):
         mid = ids[index]
         item = {"sourceEntryId": mid, "message": entries[mid].message or {}}
         running.update(b"," + canonical(item) if index else canonical(item))
-    reducer._source_count = count
+    reducer.source_count = count
     final = running.copy()
     final.update(b"]")
     return "sha256:" + final.hexdigest()
 
 
-def set_source(reducer: Reducer, running: Any, count: int) -> None:
-    reducer._source_hash, reducer._source_count = running, count
+def set_source(reducer: ReducerState, running: Any, count: int) -> None:
+    reducer.source_hash, reducer.source_count = running, count
 
 
-def known_snapshot(reducer: Reducer, value: Any, line: int, seq: int) -> Snapshot:
+def known_snapshot(reducer: ReducerState, value: Any, line: int, seq: int) -> Snapshot:
     """A configuration snapshot to (digest, normal form); equal snapshots share one object.
 
     Sessions repeat one snapshot in every attempt: its encoding, once validated, is a cache
@@ -164,20 +164,20 @@ def known_snapshot(reducer: Reducer, value: Any, line: int, seq: int) -> Snapsho
     if type(value) is dict:
         with contextlib.suppress(TypeError):  # an integer beyond 64 bits: validate, don't cache
             encoded = orjson.dumps(value)
-        cached = reducer._snapshots.get(encoded)
+        cached = reducer.snapshots_by_bytes.get(encoded)
         if cached is not None:
             return cached
     known = validate_snapshot(reducer, value, line, seq)
-    if encoded and len(reducer._snapshots) < SNAPSHOT_CACHE:
-        reducer._snapshots[encoded] = known
+    if encoded and len(reducer.snapshots_by_bytes) < SNAPSHOT_CACHE:
+        reducer.snapshots_by_bytes[encoded] = known
     return known
 
 
-def validate_snapshot(reducer: Reducer, snapshot: Any, line: int, seq: int) -> Snapshot:
+def validate_snapshot(reducer: ReducerState, snapshot: Any, line: int, seq: int) -> Snapshot:
     if type(snapshot) is not dict:
         raise fail("INVALID_FACT", line, seq, "configurationSnapshot is not an object")
     if not SNAPSHOT.issuperset(snapshot):
-        reducer._keys(snapshot, SNAPSHOT, "configurationSnapshot", line, seq)
+        reducer.check_keys(snapshot, SNAPSHOT, "configurationSnapshot", line, seq)
     model = snapshot.get("model")
     if type(model) is not str or not model:
         raise fail("INVALID_FACT", line, seq, "snapshot model is not a non-empty string")
@@ -204,7 +204,7 @@ def validate_snapshot(reducer: Reducer, snapshot: Any, line: int, seq: int) -> S
         if type(tool) is not dict:
             raise fail("INVALID_FACT", line, seq, "a snapshot tool is not an object")
         if not SNAPSHOT_TOOL.issuperset(tool):
-            reducer._keys(tool, SNAPSHOT_TOOL, "snapshot tool", line, seq)
+            reducer.check_keys(tool, SNAPSHOT_TOOL, "snapshot tool", line, seq)
         name = tool.get("name")
         if type(name) is not str or not name:
             raise fail("INVALID_FACT", line, seq, "tool name is not a non-empty string")
@@ -214,7 +214,7 @@ def validate_snapshot(reducer: Reducer, snapshot: Any, line: int, seq: int) -> S
         names.add(name)
         tools.append((name, definition))
     key = (model, prompt, tuple(tools), adapter, routing, output)
-    known = reducer._digests.get(key)
+    known = reducer.snapshots_by_digest.get(key)
     if known is None:
         normal = {
             "model": model,
@@ -224,7 +224,7 @@ def validate_snapshot(reducer: Reducer, snapshot: Any, line: int, seq: int) -> S
             "routingIdentity": routing,
             "outputOptionsDigest": output,
         }
-        known = reducer._digests[key] = (
+        known = reducer.snapshots_by_digest[key] = (
             digest(canonical(normal, strings_only=True)),
             normal,
             frozenset(names),
@@ -232,15 +232,15 @@ def validate_snapshot(reducer: Reducer, snapshot: Any, line: int, seq: int) -> S
     return known
 
 
-def step_attempt(reducer: Reducer, record: dict[str, Any], line: int, seq: int) -> None:
-    found = reducer._running(record.get("operationId"), "operationId", line, seq)
-    number = reducer._safe_int(record.get("attempt"), "attempt", line, seq, 1)
+def step_attempt(reducer: ReducerState, record: dict[str, Any], line: int, seq: int) -> None:
+    found = reducer.running(record.get("operationId"), "operationId", line, seq)
+    number = reducer.check_safe_int(record.get("attempt"), "attempt", line, seq, 1)
     step_id: str = record.get("stepId")  # type: ignore[assignment]
     if number == 1:
-        reducer._reserve(step_id, "stepId", line, seq)
+        reducer.reserve(step_id, "stepId", line, seq)
     elif type(step_id) is not str or UUID7(step_id) is None:
         raise fail("INVALID_FACT", line, seq, "stepId is not a UUIDv7")
-    attempt_id = reducer._reserve(record.get("attemptId"), "attemptId", line, seq)
+    attempt_id = reducer.reserve(record.get("attemptId"), "attemptId", line, seq)
     kind = record.get("stepKind")
     if number > 2 or kind not in ("assistant", "compaction"):
         raise fail("INVALID_FACT", line, seq, "attempt is not 1 or 2, or stepKind is unknown")
@@ -290,28 +290,30 @@ def step_attempt(reducer: Reducer, record: dict[str, Any], line: int, seq: int) 
                 seq,
                 "attempt 2 needs an open attempt 1 of the same step, context and digest",
             )
-        if reducer._undo is not None:
-            reducer._restore(first, "closed")
+        if reducer.undo is not None:
+            reducer.remember(first, "closed")
         first.closed = True
     attempt = Attempt(found.id, step_id, attempt_id, number, kind, context_id, snapshot, claimed, declared)
     reducer.attempts[attempt_id] = attempt
-    if reducer._undo is not None:
-        reducer._undo.append(functools.partial(reducer.attempts.pop, attempt_id))
+    if reducer.undo is not None:
+        reducer.undo.append(functools.partial(reducer.attempts.pop, attempt_id))
     if prior is None:
         reducer.steps[step_id] = [attempt]
-        if reducer._undo is not None:
-            reducer._undo.append(functools.partial(reducer.steps.pop, step_id))
+        if reducer.undo is not None:
+            reducer.undo.append(functools.partial(reducer.steps.pop, step_id))
     else:
         prior.append(attempt)
-        if reducer._undo is not None:
-            reducer._undo.append(prior.pop)
-    if reducer._undo is not None:
-        reducer._restore(found, "latest_step_id", "step")
+        if reducer.undo is not None:
+            reducer.undo.append(prior.pop)
+    if reducer.undo is not None:
+        reducer.remember(found, "latest_step_id", "step")
     found.latest_step_id = step_id
     found.step = attempt
 
 
-def check_tools_settled(reducer: Reducer, run: Operation, previous: Attempt, line: int, seq: int) -> None:
+def check_tools_settled(
+    reducer: ReducerState, run: Operation, previous: Attempt, line: int, seq: int
+) -> None:
     """A later step of a run needs a toolUse assistant entry whose calls all have results."""
     settled = reducer.entries.get(previous.settled_id or "")
     if run.kind != "run" or settled is None or settled.stop_reason != "toolUse":
@@ -326,8 +328,8 @@ def check_tools_settled(reducer: Reducer, run: Operation, previous: Attempt, lin
             raise fail("INVALID_TRANSITION", line, seq, f"tool call {index} has no result yet")
 
 
-def step_failed(reducer: Reducer, record: dict[str, Any], line: int, seq: int) -> None:
-    found = reducer._running(record.get("operationId"), "operationId", line, seq)
+def step_failed(reducer: ReducerState, record: dict[str, Any], line: int, seq: int) -> None:
+    found = reducer.running(record.get("operationId"), "operationId", line, seq)
     attempt_id = record.get("attemptId")
     if type(attempt_id) is not str or UUID7(attempt_id) is None:
         raise fail("INVALID_FACT", line, seq, "attemptId is not a UUIDv7")
@@ -340,24 +342,24 @@ def step_failed(reducer: Reducer, record: dict[str, Any], line: int, seq: int) -
         or attempt.closed
     ):
         raise fail("INVALID_REFERENCE", line, seq, f"{attempt_id} is not an open attempt of that step")
-    if reducer._undo is not None:
-        reducer._restore(attempt, "closed", "failed")
+    if reducer.undo is not None:
+        reducer.remember(attempt, "closed", "failed")
     attempt.closed = True
     attempt.failed = True
 
 
-def check_error(reducer: Reducer, value: Any, line: int, seq: int) -> None:
+def check_error(reducer: ReducerState, value: Any, line: int, seq: int) -> None:
     error = value
     if type(error) is not dict:
         raise fail("INVALID_FACT", line, seq, "error is not an object")
     if not ERROR.issuperset(error):
-        reducer._keys(error, ERROR, "error", line, seq)
-    reducer._text(error.get("code"), "error code", line, seq)
-    reducer._text(error.get("message"), "error message", line, seq)
+        reducer.check_keys(error, ERROR, "error", line, seq)
+    reducer.check_text(error.get("code"), "error code", line, seq)
+    reducer.check_text(error.get("message"), "error message", line, seq)
 
 
-def tool_started(reducer: Reducer, record: dict[str, Any], fact_id: str, line: int, seq: int) -> None:
-    found = reducer._running(record.get("operationId"), "operationId", line, seq)
+def tool_started(reducer: ReducerState, record: dict[str, Any], fact_id: str, line: int, seq: int) -> None:
+    found = reducer.running(record.get("operationId"), "operationId", line, seq)
     if found.kind != "run" or reducer.current is not found:
         raise fail("INVALID_TRANSITION", line, seq, "toolStarted names no current run")
     assistant_id: str = record.get("assistantEntryId")  # type: ignore[assignment]
@@ -404,7 +406,7 @@ def tool_started(reducer: Reducer, record: dict[str, Any], fact_id: str, line: i
             seq,
             f"tool {shown(name)} is not declared in the attempt's snapshot",
         )
-    result_id = reducer._reserve(record.get("resultEntryId"), "resultEntryId", line, seq, TOOL_RESULT)
+    result_id = reducer.reserve(record.get("resultEntryId"), "resultEntryId", line, seq, TOOL_RESULT)
     tool = {
         "operationId": found.id,
         "toolStartedId": fact_id,
@@ -421,21 +423,21 @@ def tool_started(reducer: Reducer, record: dict[str, Any], fact_id: str, line: i
         "status": "pending",
     }
     reducer.tools[fact_id] = tool
-    if reducer._undo is not None:
-        reducer._undo.append(functools.partial(reducer.tools.pop, fact_id))
+    if reducer.undo is not None:
+        reducer.undo.append(functools.partial(reducer.tools.pop, fact_id))
     reducer.outcomes.add(pair)
-    if reducer._undo is not None:
-        reducer._undo.append(functools.partial(reducer.outcomes.discard, pair))
+    if reducer.undo is not None:
+        reducer.undo.append(functools.partial(reducer.outcomes.discard, pair))
     found.tool_calls.append(tool)
-    if reducer._undo is not None:
-        reducer._restore(found, "pending")
+    if reducer.undo is not None:
+        reducer.remember(found, "pending")
     found.pending += 1
-    if reducer._undo is not None:
-        reducer._undo.append(found.tool_calls.pop)
+    if reducer.undo is not None:
+        reducer.undo.append(found.tool_calls.pop)
 
 
-def abort_requested(reducer: Reducer, record: dict[str, Any], line: int, seq: int) -> None:
-    found = reducer._running(record.get("operationId"), "operationId", line, seq)
+def abort_requested(reducer: ReducerState, record: dict[str, Any], line: int, seq: int) -> None:
+    found = reducer.running(record.get("operationId"), "operationId", line, seq)
     if record.get("operationKind") != found.kind or record.get("reason") != "escape":
         raise fail("INVALID_TRANSITION", line, seq, "operationKind differs or reason is not escape")
     phase = record.get("phase")
@@ -445,13 +447,13 @@ def abort_requested(reducer: Reducer, record: dict[str, Any], line: int, seq: in
         raise fail("INVALID_FACT", line, seq, "toolCallId must be a string exactly when phase is tool")
     if reducer.current is not found or found.abort_requested:
         raise fail("INVALID_TRANSITION", line, seq, "not the current operation, or abort already requested")
-    if reducer._undo is not None:
-        reducer._restore(found, "abort_requested")
+    if reducer.undo is not None:
+        reducer.remember(found, "abort_requested")
     found.abort_requested = True
 
 
-def operation_finished(reducer: Reducer, record: dict[str, Any], line: int, seq: int) -> None:
-    found = reducer._running(record.get("operationId"), "operationId", line, seq)
+def operation_finished(reducer: ReducerState, record: dict[str, Any], line: int, seq: int) -> None:
+    found = reducer.running(record.get("operationId"), "operationId", line, seq)
     outcome = record.get("outcome")
     if record.get("operationKind") != found.kind or outcome not in ("completed", "aborted", "failed"):
         raise fail("INVALID_TRANSITION", line, seq, "operationKind differs or outcome is unknown")
@@ -477,9 +479,9 @@ def operation_finished(reducer: Reducer, record: dict[str, Any], line: int, seq:
         check_error(reducer, record.get("error"), line, seq)
     elif "error" in record:
         raise fail("INVALID_FACT", line, seq, "error is only for a failed operation")
-    if reducer._undo is not None:
-        reducer._restore(found, "finished")
-        reducer._restore(reducer, "last_finished")
+    if reducer.undo is not None:
+        reducer.remember(found, "finished")
+        reducer.remember(reducer, "last_finished")
     found.finished = True
     reducer.current = None
     reducer.last_finished = {
@@ -489,7 +491,9 @@ def operation_finished(reducer: Reducer, record: dict[str, Any], line: int, seq:
     }
 
 
-def check_completion(reducer: Reducer, record: dict[str, Any], found: Operation, line: int, seq: int) -> None:
+def check_completion(
+    reducer: ReducerState, record: dict[str, Any], found: Operation, line: int, seq: int
+) -> None:
     completion = record.get("completion")
     if found.kind == "run" and completion not in ("normal", "truncated"):
         raise fail("INVALID_FACT", line, seq, "a completed run needs completion normal or truncated")
