@@ -22,46 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import SessionNotFoundError, SessionPathError
-from ..core.store import BackendInfo
 from ..plugins.hookspecs import Register, hookimpl
+from .sqlite_info import INFOS
 
 if TYPE_CHECKING:
     from ..repositories.sqlite import SQLiteRepository
-
-INFOS = {
-    ("power", "sync"): BackendInfo(
-        "sqlite",
-        "power",
-        "sync",
-        "SQLite WAL, synchronous=FULL, one row per transaction",
-        opens_read_only=True,
-        single_file=True,
-    ),
-    ("process", "sync"): BackendInfo(
-        "sqlite-normal",
-        "process",
-        "sync",
-        "SQLite WAL, synchronous=NORMAL, one row per transaction",
-        opens_read_only=True,
-        single_file=True,
-    ),
-    ("power", "async"): BackendInfo(
-        "sqlite-async",
-        "power",
-        "async",
-        "SQLite WAL, synchronous=FULL, commits batched by a writer thread",
-        opens_read_only=True,
-        single_file=True,
-    ),
-    ("process", "async"): BackendInfo(
-        "sqlite-normal-async",
-        "process",
-        "async",
-        "SQLite WAL, synchronous=NORMAL, commits batched by a writer thread",
-        opens_read_only=True,
-        single_file=True,
-    ),
-}
 
 
 def split(path: Path) -> tuple[Path, str | None]:

@@ -53,7 +53,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from ..backends.sqlite import INFOS
+from ..backends.sqlite_info import INFOS
 from ..core.errors import (
     RepositoryError,
     RepositoryNotFoundError,

@@ -14,9 +14,9 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pytest
 
@@ -27,13 +27,27 @@ from .blocking import Blocking
 
 if TYPE_CHECKING:
     from ..core.async_store import AsyncSessionStore
-    from .suite import ContractBase
 
 _T = TypeVar("_T")
 PROVIDER = "openrouter"
 MODEL = "test/model"
 CWD = "/workspace"
 ENVIRONMENT = "suite"
+
+
+class Contract(Protocol):
+    """What a harness needs of a contract class (`suite.ContractBase` and its subclasses)."""
+
+    api: str
+    backend: str
+    registry: Registry | None
+    options: Mapping[str, Any]
+    unsupported: Mapping[str, str]
+
+    def session_path(self, directory: Path, name: str) -> Path: ...
+    def raw_bytes(self, path: Path) -> bytes: ...
+    def write_raw(self, path: Path, data: bytes) -> None: ...
+
 
 # Opens a session with lock=True in a fresh interpreter, where the in-process writer guard
 # cannot answer for the lock: prints "locked: <message>" or "opened".
@@ -64,7 +78,7 @@ class _Harness:
 
     api = "sync"
 
-    def __init__(self, contract: ContractBase, directory: Path) -> None:
+    def __init__(self, contract: Contract, directory: Path) -> None:
         self.contract = contract
         self.backend = contract.backend
         if not self.backend:
@@ -122,7 +136,7 @@ class _Harness:
 class Harness(_Harness):
     """Sync stores; the ones it built are closed at teardown."""
 
-    def __init__(self, contract: ContractBase, directory: Path) -> None:
+    def __init__(self, contract: Contract, directory: Path) -> None:
         super().__init__(contract, directory)
         self._stores: list[Any] = []
 
@@ -161,7 +175,7 @@ class AsyncHarness(Harness):
 
     api = "async"
 
-    def __init__(self, contract: ContractBase, directory: Path) -> None:
+    def __init__(self, contract: Contract, directory: Path) -> None:
         super().__init__(contract, directory)
         self.loop = asyncio.new_event_loop()
 
