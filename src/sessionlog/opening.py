@@ -38,7 +38,7 @@ def _resolve(backend: str, api: str, registry: Registry | None) -> tuple[Any, Ba
     return registry.factory(backend), info
 
 
-def _header(
+def new_header(
     provider: str, model: str, cwd: str | None, environment_identity: str | None, session_id: str | None
 ) -> bytes:
     """The header line of a new session, validated as a reader will: nothing is created unless
@@ -78,7 +78,7 @@ def create(
     `exist_ok=True`, open that one instead, as `open` does). `max_line_bytes`: the longest line
     the store reads (a longer one is CorruptionError) and writes (a longer commit is
     ValidationError); default 64 MiB."""
-    header = _header(provider, model, cwd, environment_identity, session_id)
+    header = new_header(provider, model, cwd, environment_identity, session_id)
     try:
         return _open_sync(path, backend, header, registry, max_line_bytes, options)
     except SessionExistsError:
@@ -151,7 +151,7 @@ async def create_async(
     **options: Any,
 ) -> AsyncSessionStore:
     """`create` for async backends."""
-    header = _header(provider, model, cwd, environment_identity, session_id)
+    header = new_header(provider, model, cwd, environment_identity, session_id)
     try:
         return await _open_async(path, backend, header, registry, max_line_bytes, options)
     except SessionExistsError:

@@ -36,7 +36,7 @@ from ..core.loading import reduce_bytes
 from ..core.reducer import is_uuid7
 from ..core.state import SessionState
 from ..core.store import BackendInfo, SessionStore
-from ..opening import _header
+from ..opening import new_header
 from .base import RepositoryBase, checked_create, checked_data, checked_labels, fork_bytes
 from .info import Candidate, Filters, SessionInfo, page
 from .leases import Heartbeat
@@ -253,7 +253,7 @@ class SQLRepository(RepositoryBase):
                 | other
             )
             session_id = new_id()
-            header = _header(provider, model, cwd, environment_identity, session_id)
+            header = new_header(provider, model, cwd, environment_identity, session_id)
             self._insert(session_id, [header], checked_labels(labels))
             return session_id
 
