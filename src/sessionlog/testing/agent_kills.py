@@ -32,6 +32,7 @@ import contextlib
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import sys
@@ -49,6 +50,7 @@ STEPS = 2  # tool steps per run; then the answer
 TOOLS = ("read", "write", "bash")
 KILLS = ("anywhere", "model", "model-twice", "tool", "recovery")
 INTERRUPTED = "Operation interrupted"
+HUNG = 60  # seconds: a child still running then dumps its stacks and exits (1)
 
 
 @dataclass
@@ -259,11 +261,16 @@ def _check(folder: Path, report: AgentKillReport, *, final: bool) -> None:
             call_id = message["tool_call_id"]
             if calls[call_id] in began:
                 continue
-            # Its intent was committed after every earlier call of its step had its result: the
-            # kill landed between that intent and the tool's first instruction (no design that
+            # Its intent was committed after every earlier call of its step had its result and was
+            # the last line written before its interrupted result: the kill landed between that
+            # intent and the tool's first instruction (no design that
             # commits the intent before the effect can tell that from a kill just after it).
             # Else its intent was durable while an earlier tool ran: the batched design's cost.
-            if all(result_at.get(other, 1 << 62) < intent_at[call_id] for other in earlier[call_id]):
+            # Strictly: nothing was written between its intent and its interrupted result.
+            settled_next = result_at.get(call_id) == intent_at[call_id] + 1
+            if settled_next and all(
+                result_at.get(other, 1 << 62) < intent_at[call_id] for other in earlier[call_id]
+            ):
                 report.killed_before_the_tool_began += 1
             else:
                 report.never_started_interrupted += 1
@@ -299,6 +306,10 @@ class Child:
                 os.close(read)
                 _markers = write
                 os.dup2(os.open(self.errors, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 2)
+                import faulthandler
+
+                # a child that hangs says where, and ends: a failure to report, never a hung harness
+                faulthandler.dump_traceback_later(HUNG, exit=True, file=2)
                 child_main(folder, seed, intents)
                 status = 0
             except BaseException:
@@ -311,14 +322,20 @@ class Child:
         self.pid = pid
         self.output = os.fdopen(read, "rb")
         self.lines: list[str] = []
-        self.returncode: int | None = None
+        self.hung = False
         if self.wait_for("ready") is None:
             _, code, error = self.end()
             raise RuntimeError(f"the scripted agent did not start (exit {code}): {error[-400:]}")
 
     def wait_for(self, *markers: str) -> str | None:
-        """Read markers until one of `markers` (returned) or the end of its output (None)."""
+        """Read markers until one of `markers` (returned) or the end of its output (None). A
+        child silent for twice `HUNG` seconds is killed (its traceback is in `errors`)."""
         while True:
+            ready, _, _ = select.select([self.output], [], [], 2 * HUNG)
+            if not ready:
+                self.hung = True
+                self.kill()
+                return None
             raw = self.output.readline()
             if not raw:
                 return None
@@ -410,13 +427,15 @@ def run_agent_kills(
             child = Child(folder, rng, intents)
             landed = _aim(child, kind, rng, span, first)
             finished, code, error = child.end()
-            if code not in (0, -signal.SIGKILL) or (code == 0 and not finished):
+            if child.hung or code not in (0, -signal.SIGKILL) or (code == 0 and not finished):
                 report.stuck += 1
-                report.failures.append(f"{folder.name}: a child failed (exit {code}): {error}")
+                what = "hung" if child.hung else f"failed (exit {code})"
+                report.failures.append(f"{folder.name}: a child {what}: {error}")
                 failed_in_a_row += 1
-                if failed_in_a_row < 3:
-                    continue
-                finished = True  # stuck for good: judge it and go on with a new session
+                if failed_in_a_row >= 3:  # it cannot go on: that is the finding, not a reason to loop
+                    report.failures.append(f"{folder.name}: 3 children in a row failed; the run stops")
+                    break
+                continue
             failed_in_a_row = 0
             report.restarts += child.lines.count("restart")
             if landed and not finished:
