@@ -15,6 +15,7 @@ import pytest
 
 import sessionlog
 from conftest import FIXTURES, HEADER, PLANNER_FIXTURES, SHARED, needs_shared, shared_manifest
+from sessionlog.runtime import ToolCall as ToolCallTwin
 
 
 class Killed(BaseException):
@@ -162,6 +163,11 @@ def test_a_tool_run_by_hand_needs_its_intent_first(tmp_path: Path) -> None:
     second.run()
     third.run()
     assert _results(session) == ["by hand", "write 0 done", "bash 0 done"]
+    again = run.start_tools  # the step is done: nothing left to start
+    assert again() == []
+    twin = ToolCallTwin(session, first.start)
+    with pytest.raises(sessionlog.RuntimeStateError, match="already"):
+        twin.begin()
     session.store.close()
 
 

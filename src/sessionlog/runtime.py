@@ -181,6 +181,8 @@ def begin_facts(state: SessionState, start: ToolStart) -> list[Fact]:
     index = int(start.intent["toolIndex"])
     if state.settled_entry_id != start.intent["assistantEntryId"]:
         raise RuntimeStateError(f"call {index} is not of the step the run is at")
+    if state.has_outcome(index):
+        raise RuntimeStateError(f"call {index} was started or settled already (one outcome per call)")
     pending = {tool["toolIndex"] for tool in state.pending_tools}
     for earlier in range(index):
         if not state.has_outcome(earlier) or earlier in pending:
