@@ -93,6 +93,7 @@ class AsyncSessionStore(StoreStatus):
         )
         self._backend = backend
         self._pipeline = pipeline
+        pipeline.line_facts = getattr(backend, "line_facts", False)  # lines that carry their facts
         # A failed write ends the store (poisoned, or closed as the loop goes away) and memory is
         # never read again, so queued transactions need no undo journal. Kept, it holds ~17
         # GC-tracked objects per queued commit: with 64 committers the collector then ran 5x as

@@ -1,9 +1,12 @@
 """The one commit pipeline every backend shares.
 
 prepare: assign seq, ids (unless the fact brings its own) and a timestamp (ms, never decreasing
-within the session); encode the transaction as one compact line (one fact bare, several as an
-array); validate the decoded line on the live reducer, journalled. A rejected transaction raises
-ValidationError and leaves state, next seq and bytes exactly as before.
+within the session); copy the facts in one walk that refuses every value which is not plain JSON
+(`_copied`); encode the copy as one compact line (one fact bare, several as an array); validate
+the copy on the live reducer, journalled. The reducer keeps the copy, so a caller's later
+mutation of what it passed changes neither the state nor what a backend still has to write. A
+rejected transaction raises ValidationError and leaves state, next seq and bytes exactly as
+before.
 
 The backend then stores the line. `acknowledge` makes it part of the acknowledged state;
 `abandon` (the write failed) undoes it and everything prepared after it.
@@ -11,7 +14,6 @@ The backend then stores the line. `acknowledge` makes it part of the acknowledge
 
 from __future__ import annotations
 
-import marshal
 import math
 import time
 from collections import deque
@@ -23,10 +25,20 @@ import orjson
 
 from . import shapes
 from .errors import ContractError, ValidationError, shown
-from .framing import DEFAULT_MAX_LINE_BYTES
+from .framing import DEFAULT_MAX_LINE_BYTES, MAX_NESTING_DEPTH
 from .ids import new_id
 from .reducer import Reducer
 from .state import SessionState
+
+
+class Line(bytes):
+    """A transaction's line that also carries the facts it encodes (`facts`: the validated
+    copies, never to be mutated), so that a backend deriving something from a commit (the SQL
+    repositories' summary row) need not parse the line it was handed. Made only for a backend
+    that says it wants them (`line_facts = True`): every other one is handed exact bytes (orjson,
+    for one, refuses to parse a bytes subclass)."""
+
+    facts: list[dict[str, Any]]
 
 
 @dataclass(eq=False, slots=True)
@@ -34,7 +46,7 @@ class Prepared:
     """A validated transaction, not yet acknowledged by its backend."""
 
     facts: list[dict[str, Any]]
-    line: bytes
+    line: bytes  # a Line when the pipeline's `line_facts` is set
     mark: int
     state_before: SessionState | None = field(default=None, repr=False)
 
@@ -93,19 +105,26 @@ CONTRACT_KEYS = frozenset(
 
 def _first_non_json(value: Any) -> tuple[str, str] | None:
     """The path (`[0].entry.message.content`) of the first value that is not plain JSON: a dict
-    with str keys, list, str, int, finite float, bool or None, exactly those types."""
-    stack: list[tuple[str, Any]] = [("", value)]
+    with str keys, list, str, int, finite float, bool or None, exactly those types. The walk
+    ends (None) at the first value nested deeper than MAX_NESTING_DEPTH, as orjson's encoding
+    does: a value that holds itself is refused for its depth, not walked for ever."""
+    stack: list[tuple[str, Any, int]] = [("", value, 1)]
     while stack:
-        path, item = stack.pop()
+        path, item, depth = stack.pop()
         kind = type(item)
+        if depth > MAX_NESTING_DEPTH and kind in (dict, list):
+            return None
         if kind is dict:
             for key in reversed(list(item)):
                 if type(key) is not str:
                     return path or "the fact", f"an object with a key of type {type(key).__name__}"
                 step = key if key in CONTRACT_KEYS else f"[{shown(key)}]"
-                stack.append((f"{path}.{step}" if path and step[0] != "[" else f"{path}{step}", item[key]))
+                where = f"{path}.{step}" if path and step[0] != "[" else f"{path}{step}"
+                stack.append((where, item[key], depth + 1))
         elif kind is list:
-            stack.extend((f"{path}[{index}]", child) for index, child in reversed(list(enumerate(item))))
+            stack.extend(
+                (f"{path}[{index}]", child, depth + 1) for index, child in reversed(list(enumerate(item)))
+            )
         elif kind is float:
             if not math.isfinite(item):
                 return path, f"the float {item}"
@@ -120,6 +139,80 @@ def _first_non_json(value: Any) -> tuple[str, str] | None:
                 else (f"of type {kind.__qualname__}"),
             )
     return None
+
+
+# The value types a copy takes as they are. An int's range (64 bits) and a key's type (exactly
+# str) are orjson's checks as it encodes the copy, as are lone surrogates and nesting depth.
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
+class _NotPlain(Exception):
+    """The copy met a value that is not plain JSON; the refusal is worded from the caller's
+    value apart (`_refusal`), off the hot path."""
+
+
+def _copied(item: dict[str, Any], depth: int) -> dict[str, Any]:
+    """A copy of `item` (exactly a dict, at nesting `depth`) and of every dict and list in it:
+    what the reducer keeps and the line encodes. Refuses (`_NotPlain`) a value of any type but
+    dict, list, str, int, bool, None and finite float, exactly those (no subclass: an IntEnum
+    or a str subclass is refused, not converted), and nesting deeper than MAX_NESTING_DEPTH
+    (a value that holds itself included)."""
+    out = item.copy()
+    for key, child in out.items():
+        kind = type(child)
+        if kind in _PLAIN:
+            continue
+        if kind is dict:
+            if depth >= MAX_NESTING_DEPTH:
+                raise _NotPlain
+            out[key] = _copied(child, depth + 1)
+        elif kind is list:
+            if depth >= MAX_NESTING_DEPTH:
+                raise _NotPlain
+            out[key] = _copied_list(child, depth + 1)
+        elif kind is not float or child - child != 0.0:  # NaN and the infinities: x - x is NaN
+            raise _NotPlain
+    return out
+
+
+def _copied_list(item: list[Any], depth: int) -> list[Any]:
+    """`_copied` for a list."""
+    out = item.copy()
+    for index, child in enumerate(out):
+        kind = type(child)
+        if kind in _PLAIN:
+            continue
+        if kind is dict:
+            if depth >= MAX_NESTING_DEPTH:
+                raise _NotPlain
+            out[index] = _copied(child, depth + 1)
+        elif kind is list:
+            if depth >= MAX_NESTING_DEPTH:
+                raise _NotPlain
+            out[index] = _copied_list(child, depth + 1)
+        elif kind is not float or child - child != 0.0:
+            raise _NotPlain
+    return out
+
+
+def _copied_slowly(value: Any) -> Any:
+    """The copy without recursion, for a caller whose own stack left `_copied` too little of
+    Python's recursion limit: checked by the iterative walk, copied by encoding and parsing."""
+    if _first_non_json(value) is not None:
+        raise _NotPlain
+    try:
+        return orjson.loads(orjson.dumps(value, option=_JSON_ONLY))
+    except orjson.JSONEncodeError:
+        raise _NotPlain from None
+
+
+def _refusal(value: Any, line: int, first_seq: int) -> ValidationError:
+    """The refusal of a transaction the copy refused, worded as `not_json` words it."""
+    try:
+        orjson.dumps(value, option=_JSON_ONLY)
+    except (TypeError, ValueError) as error:  # nested too deep, a lone surrogate: orjson's words
+        return not_json(value, line, first_seq, error)
+    return not_json(value, line, first_seq)
 
 
 class CommitPipeline:
@@ -139,6 +232,8 @@ class CommitPipeline:
         # async store): the undo journal is most of what a queued transaction keeps alive, and
         # the cyclic GC would scan it again and again while the queue waits for its write.
         self.undoable = True
+        # True: each line is a `Line` carrying its facts (the store sets it from its backend).
+        self.line_facts = False
 
     @property
     def pending(self) -> int:
@@ -158,6 +253,8 @@ class CommitPipeline:
         now = time.time_ns() // 1_000_000
         timestamp = now if now > reducer.last_timestamp else reducer.last_timestamp
         committed: list[dict[str, Any]] = []
+        copies: list[dict[str, Any]] = []
+        plain = True
         for index, fact in enumerate(facts):
             seq = first_seq + index
             if type(fact) is not dict and not isinstance(fact, Mapping):
@@ -172,16 +269,31 @@ class CommitPipeline:
             if "id" not in fact:
                 out["id"] = new_id()
             committed.append(out)
+            if plain:  # the refusal waits for the checks of every fact, in the order they had
+                try:  # (several facts are one level deeper, in their array: orjson counts that)
+                    copies.append(_copied(out, 1))
+                except _NotPlain:
+                    plain = False
+                except RecursionError:  # the caller's stack, not the value: copied without recursion
+                    try:
+                        copies.append(_copied_slowly(out))
+                    except _NotPlain:
+                        plain = False
         if not committed:
             raise ValidationError(
                 "EMPTY_TRANSACTION", line_number, None, "a transaction needs at least one fact"
             )
         value = committed[0] if len(committed) == 1 else committed
+        if not plain:
+            raise _refusal(value, line_number, first_seq) from None
+        checked = copies[0] if len(copies) == 1 else copies
         try:
-            line = orjson.dumps(value, option=_JSON_ONLY) + b"\n"
-            marshal.dumps(value)  # C-speed proof that every object is of a builtin type, no subclass
-        except (TypeError, ValueError) as error:
+            line = orjson.dumps(checked, option=_JSON_ONLY | orjson.OPT_APPEND_NEWLINE)
+        except (TypeError, ValueError) as error:  # a lone surrogate, a key not a str, an int beyond 64 bits
             raise not_json(value, line_number, first_seq, error) from None
+        if self.line_facts:
+            line = Line(line)
+            line.facts = copies
         if len(line) - 1 > self.max_line_bytes:
             raise ValidationError(
                 "MALFORMED_JSON",
@@ -192,12 +304,9 @@ class CommitPipeline:
         if not isinstance(keep_state, bool):
             keep_state = keep_state(len(line))
         state_before = SessionState(reducer, self.length + self._pending_bytes) if keep_state else None
-        decoded = orjson.loads(line)  # exactly what will be stored: objects the caller cannot mutate
-        if decoded != value:  # NaN or infinity became null, a tuple a list
-            raise not_json(value, line_number, first_seq)
         mark = reducer.begin()
         try:
-            reducer.apply(decoded, line_number)
+            reducer.apply(checked, line_number)
         except ContractError as error:
             reducer.rollback(mark)
             raise ValidationError(error.code, line_number, error.seq, error.detail) from None

@@ -180,6 +180,7 @@ class SessionStore(StoreStatus):
         super().__init__(path, info, torn_bytes)
         self._backend = backend
         self._pipeline = pipeline
+        pipeline.line_facts = getattr(backend, "line_facts", False)  # lines that carry their facts
         self._lock = threading.Lock()
         self._owner = 0  # the thread inside a call, to refuse a re-entrant one instead of deadlocking
 

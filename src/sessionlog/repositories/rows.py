@@ -43,6 +43,9 @@ class SessionRows:
     """Where one writer's session stands, and how to write lines after it inside a transaction
     the caller opened. `epoch` 0: opened read-only, every write is refused."""
 
+    # The store hands this backend `core.commit.Line`s: the summary row is made from their facts.
+    line_facts = True
+
     def __init__(self, repository: Any, session_id: str, epoch: int) -> None:
         self.repository = repository
         self.sql: dict[str, str] = repository.row_sql
@@ -165,10 +168,15 @@ class SessionRows:
 
 
 def summary_after(summary: dict[str, Any], line: bytes) -> dict[str, Any]:
-    """The summary row once `line` is committed (it was validated: its facts are sound)."""
+    """The summary row once `line` is committed (it was validated: its facts are sound). A line
+    the commit pipeline made carries its facts (`core.commit.Line`): they are used as they are,
+    the line is not parsed again; any other line (a copy's, an import's) is parsed."""
+    facts = getattr(line, "facts", None)
+    if facts is None:
+        value = orjson.loads(line)
+        facts = value if type(value) is list else [value]
     summary = dict(summary)
-    value = orjson.loads(line)
-    for fact in value if type(value) is list else [value]:
+    for fact in facts:
         summary["last_seq"] = fact["seq"]
         kind = fact["kind"]
         if kind == "usage":
