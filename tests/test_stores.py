@@ -474,6 +474,6 @@ def test_the_documented_python_examples_run_in_any_directory(
         exec(compile(block, str(page), "exec"), {"__name__": "docs_example"})
     assert set(os.listdir("/")) == root_before
     if page == DOCS:
-        assert len(blocks) >= 2
+        assert len(blocks) >= 1  # the quick start; the rest is in docs/, run here too
     for database in tmp_path.glob("block-*/*.db"):
         assert database.stat().st_mode & 0o077 == 0, f"{database} is readable by others"
