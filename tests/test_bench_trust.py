@@ -118,6 +118,8 @@ def test_the_printed_checks_say_what_was_measured_again_and_what_is_unreliable()
     assert "the machine's load (1 min): 0.10 at the start, 0.40 at the end, on 2 CPUs" in lines
     assert f"{SHAPE}: measured twice, its ceiling moved by over 50% between rounds" in lines
     assert any(line.startswith("unreliable in this run: ") for line in lines)
+    some = report.checks({**result, "shapes": "a", "full_estimate_s": None})
+    assert some[0] == "the quick run of shapes a took 100 s"  # the bound is the whole run's
 
 
 def test_the_full_estimate_scales_each_shape_by_what_full_does_more_of() -> None:

@@ -200,7 +200,10 @@ def checks(result: dict[str, Any]) -> list[str]:
     lines = []
     full = result.get("full_estimate_s")
     estimate = f"; --full would take about {full / 60:.0f} min (from this run's shapes)" if full else ""
-    if result["mode"] == "quick":
+    chosen = result.get("shapes", "abcdef")
+    if result["mode"] == "quick" and chosen != "abcdef":
+        lines.append(f"the quick run of shapes {chosen} took {result['seconds']:.0f} s")
+    elif result["mode"] == "quick":
         lines.append(f"the quick run took {result['seconds']:.0f} s (bound: 120 s){estimate}")
     else:
         lines.append(f"the {result['mode']} run took {result['seconds']:.0f} s")
