@@ -114,7 +114,8 @@ def test_a_missing_file_or_backend_is_a_usage_error(cli: Any, tmp_path: Path) ->
     assert "unknown backend 'nope'" in one_line(run.err)  # the user's own argument, as typed
     run = cli("verify", tmp_path)
     assert run.code == 2
-    assert "not a regular file" in one_line(run.err)
+    assert "is a directory: a directory repository?" in one_line(run.err)  # and how to name a session
+    assert f"{tmp_path}#SESSION_ID" in one_line(run.err)
     os.symlink(path, tmp_path / "link.jsonl")
     run = cli("inspect", tmp_path / "link.jsonl")
     assert run.code == 2

@@ -74,7 +74,7 @@ from .look import cmd_backends, cmd_inspect, cmd_reduce, cmd_verify
 from .output import LOCATIONS, PROG, one_line, say_error, typed
 from .recover import cmd_abort, cmd_plan, cmd_recover
 from .repair import cmd_repair
-from .sessions import CURRENT_HELP, Mismatch, UsageError, check_session_name
+from .sessions import CURRENT_HELP, Mismatch, UsageError, backend_of, check_not_directory, check_session_name
 
 EXIT_OK, EXIT_BAD_SESSION, EXIT_USAGE, EXIT_IN_USE = 0, 1, 2, 3
 
@@ -102,7 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(sub: argparse.ArgumentParser) -> None:
         sub.add_argument(
-            "--backend", default="jsonl", metavar="NAME", help="the backend that stores FILE (default: jsonl)"
+            "--backend",
+            default=None,
+            metavar="NAME",
+            help="the backend that stores FILE (default: read from FILE: sqlite for a SQLite database, "
+            "else jsonl; a power-class file's NUL rule needs --backend jsonl-fsync)",
         )
         sub.add_argument(
             "--progress",
@@ -247,6 +251,9 @@ def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None)
         for name in ("file", "src"):
             if isinstance(getattr(args, name, None), str):
                 check_session_name(getattr(args, name))
+                check_not_directory(getattr(args, name))
+                if "backend" in vars(args) and args.backend is None:
+                    args.backend = backend_of(getattr(args, name))  # what is there says which
         return COMMANDS[args.command](args, registry)
     except _USAGE_ERRORS as error:
         say_error(args.command, _message(error))

@@ -17,6 +17,7 @@ from .sessions import (
     load_session,
     read_session,
     reduce_session,
+    stored_by,
 )
 
 
@@ -36,12 +37,13 @@ def cmd_backends(args: argparse.Namespace, registry: Registry) -> int:
 
 def cmd_inspect(args: argparse.Namespace, registry: Registry) -> int:
     data, rule = read_session(args.file, args.backend, registry)
+    stored = stored_by(args.file, args.backend, registry)
     try:
         state = reduce_session(args.file, data, args.progress, rule, registry)
     except CorruptionError as error:
         prefix = _valid_prefix(data, rule)
         if args.json:
-            failed = {"path": args.file, "backend": args.backend, "ok": False, "error": error.to_json()}
+            failed = {"path": args.file, "backend": stored, "ok": False, "error": error.to_json()}
             failed["error"]["offset"] = error.offset
             failed["validPrefix"] = prefix
             out_json(failed)
@@ -58,7 +60,7 @@ def cmd_inspect(args: argparse.Namespace, registry: Registry) -> int:
     counts = count_lines(data, end, args.progress, args.file)
     report = {
         "path": args.file,
-        "backend": args.backend,
+        "backend": stored,
         "ok": True,
         "header": state.header,
         "bytes": {"size": len(data), "committed": end, "tornTail": len(data) - end},
@@ -76,7 +78,7 @@ def cmd_inspect(args: argparse.Namespace, registry: Registry) -> int:
         return 0
     header = state.header
     torn = len(data) - end
-    out(f"{args.file} ({args.backend})")
+    out(f"{args.file} ({stored})")
     out(f"header       id {header['id']}, created {created_text(header['createdAt'])}")
     out(f"             provider {header['provider']}, model {header['model']}")
     out(f"             cwd {header['cwd']}, environment {header['environmentIdentity']}")

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -58,6 +59,49 @@ def read_session(path: str, backend: str, registry: Registry) -> tuple[bytes, di
                 return read_session_file(repository.path(session_id)), rule
             return bytes(repository.export(session_id)), repository.info.nul_rule()
     return opening.read_stored(path, backend, registry), registry.info(backend).nul_rule()
+
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def backend_of(path: str) -> str:
+    """The backend a session at `path` is read with when none was named: `sqlite` for a SQLite
+    database (its first 16 bytes say so; `DB#SESSION_ID` names one of its sessions), `jsonl`
+    for anything else (a file's lines read the same in every JSONL class; a location with `://`
+    is a repository's). Only a regular file is looked into (a FIFO would block the reader)."""
+    location, separator, session_id = path.rpartition("#")
+    if not (separator and location and is_uuid7(session_id)):
+        location = path
+    if "://" in location:
+        return "jsonl"
+    try:
+        fd = os.open(location, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return "jsonl"  # the backend's own open says what is wrong with it
+    try:
+        return "sqlite" if stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, 16) == SQLITE_MAGIC else "jsonl"
+    finally:
+        os.close(fd)
+
+
+def stored_by(path: str, backend: str, registry: Registry) -> str:
+    """What stores the session at `path`, as the CLI names it: a repository's kind for
+    `LOCATION#SESSION_ID` in a repository, else the backend."""
+    if not in_repository(path, registry.info(backend)):
+        return backend
+    location = path.rpartition("#")[0]
+    scheme = location.partition("://")[0] if "://" in location else "file"
+    kind = {"sqlite": "SQLite", "postgresql": "PostgreSQL", "postgres": "PostgreSQL", "file": "directory"}
+    return f"{kind.get(scheme, scheme)} repository"
+
+
+def check_not_directory(path: str) -> None:
+    """A directory named where a session is expected: say how to name one of its sessions."""
+    if "#" not in path and "://" not in path and os.path.isdir(path):
+        raise UsageError(
+            f"{path} is a directory: a directory repository? name one of its sessions as "
+            f"{path}#SESSION_ID ({PROG} ls {path} lists them)"
+        )
 
 
 def in_repository(path: str, backend: BackendInfo | None = None) -> bool:

@@ -1,0 +1,81 @@
+"""The read-only commands read a location for what it is, without the user naming the backend:
+a SQLite database is read as one (it was refused as "not even the header is valid"), a
+directory is answered with how to name one of its sessions, a repository's session is labelled
+with the repository's kind (a SQLite repository's said "(jsonl)"), and nothing that is not a
+regular file is read (a FIFO would block the reader for good)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import sessionlog
+
+
+def _sqlite_repository(path: Path, sessions: int) -> list[str]:
+    repo = sessionlog.repository(f"sqlite:///{path}")
+    ids = []
+    for _ in range(sessions):
+        with repo.create(provider="p", model="m", cwd="/w") as store:
+            ids.append(store.load().session_id)
+    repo.close()
+    return ids
+
+
+def test_a_sqlite_database_is_read_as_one_without_its_backend_named(cli: Any, tmp_path: Path) -> None:
+    database = tmp_path / "sessions.db"
+    (session_id,) = _sqlite_repository(database, 1)
+    run = cli("inspect", database)
+    assert run.code == 0, run.err
+    assert f"{database} (sqlite)" in run.out and session_id in run.out
+    assert cli("verify", database).code == 0
+    run = cli("inspect", database, "--json")
+    assert json.loads(run.out)["backend"] == "sqlite"
+    run = cli("inspect", f"{database}#{session_id}")  # one session of it, by the backend's own path
+    assert run.code == 0 and session_id in run.out
+
+
+def test_a_database_of_many_sessions_says_how_to_name_one(cli: Any, tmp_path: Path) -> None:
+    database = tmp_path / "sessions.db"
+    first, _ = _sqlite_repository(database, 2)
+    run = cli("verify", database)
+    assert run.code != 0 and f"{database}#SESSION_ID" in run.err, run.err
+    assert cli("verify", f"{database}#{first}").code == 0
+
+
+def test_a_repository_session_is_labelled_with_the_repository_kind(cli: Any, tmp_path: Path) -> None:
+    database = tmp_path / "sessions.db"
+    (session_id,) = _sqlite_repository(database, 1)
+    location = f"sqlite:///{database}#{session_id}"
+    run = cli("inspect", location)
+    assert run.code == 0, run.err
+    assert run.out.splitlines()[0] == f"{location} (SQLite repository)"
+    assert json.loads(cli("inspect", location, "--json").out)["backend"] == "SQLite repository"
+    folder = tmp_path / "folder"
+    repo = sessionlog.repository(str(folder))
+    with repo.create(provider="p", model="m", cwd="/w") as store:
+        other = store.load().session_id
+    repo.close()
+    assert cli("inspect", f"{folder}#{other}").out.splitlines()[0].endswith("(directory repository)")
+
+
+def test_a_directory_is_answered_with_how_to_name_a_session(cli: Any, tmp_path: Path) -> None:
+    run = cli("inspect", tmp_path)
+    assert run.code == 2
+    assert f"{tmp_path}#SESSION_ID" in run.err and f"ls {tmp_path}" in run.err
+
+
+def test_a_fifo_is_refused_not_read(cli: Any, tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    done: list[Any] = []
+    worker = threading.Thread(target=lambda: done.append(cli("inspect", fifo)), daemon=True)
+    worker.start()
+    worker.join(20)
+    if not done:  # unblock the reader that opened it, so the test ends either way
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert done, "inspect blocked on a FIFO"
+    assert done[0].code == 2 and "not a regular file" in done[0].err
