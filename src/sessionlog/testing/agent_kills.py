@@ -125,7 +125,9 @@ def _say(line: str) -> None:
     os.write(_markers, (line + "\n").encode())
 
 
-def child_main(folder: Path, seed: int, intents: str) -> None:
+def child_main(folder: Path, seed: int, intents: str, killed_in_model: bool = False) -> None:
+    """The scripted agent. `killed_in_model`: the parent kills it during its first model request,
+    which then waits for that kill (so that it lands there even on a loaded machine)."""
     import sessionlog
 
     rng = random.Random(seed)
@@ -155,12 +157,16 @@ def child_main(folder: Path, seed: int, intents: str) -> None:
     session = sessionlog.Session(store, tools=tools, model="scripted", intents=intents)
     _say("ready")
 
+    requests = [killed_in_model]
+
     def call_model(run: sessionlog.Run) -> tuple[str | None, list[dict[str, Any]]]:
         transcript = list(session.state.transcript)
         last_user = max(index for index, message in enumerate(transcript) if message["role"] == "user")
         step = sum(1 for message in transcript[last_user:] if message["role"] == "assistant")
         prompt = transcript[last_user]["content"].split()[-1]
         _say("model")
+        if requests.pop() if requests else False:
+            time.sleep(HUNG / 2)  # the request the parent's kill is aimed at
         time.sleep(0.002 + rng.random() * 0.006)  # the request
         if step >= STEPS:
             return f"answer {prompt}", []
@@ -292,7 +298,9 @@ class Child:
     """A scripted agent, forked from this process (no interpreter start per child: the
     harness spends its time on kills, not imports), and the markers it prints."""
 
-    def __init__(self, folder: Path, rng: random.Random, intents: str) -> None:
+    def __init__(
+        self, folder: Path, rng: random.Random, intents: str, *, killed_in_model: bool = False
+    ) -> None:
         seed = rng.getrandbits(32)
         self.errors = folder / "child.err"
         read, write = os.pipe()
@@ -310,7 +318,7 @@ class Child:
 
                 # a child that hangs says where, and ends: a failure to report, never a hung harness
                 faulthandler.dump_traceback_later(HUNG, exit=True, file=2)
-                child_main(folder, seed, intents)
+                child_main(folder, seed, intents, killed_in_model)
                 status = 0
             except BaseException:
                 import traceback
@@ -367,7 +375,7 @@ def _aim(child: Child, kind: str, rng: random.Random, span: float, first: bool) 
     elif kind in ("model", "model-twice"):
         if child.wait_for("model") is None:
             return False
-        time.sleep(rng.uniform(0, 0.003))
+        time.sleep(rng.uniform(0, 0.004))  # the child waits in that request for this kill
     elif kind == "tool":
         name = rng.choice(TOOLS)
         if child.wait_for(f"tool {name}") is None:
@@ -413,7 +421,7 @@ def run_agent_kills(
     root = Path(tempfile.mkdtemp(prefix="sessionlog-agent-")) if directory is None else Path(directory)
     started = time.monotonic()
     try:
-        span = _calibrate(root / "calibration", rng, intents)
+        span = _calibrate(root / "calibration", rng, intents) if "anywhere" in kinds else 0.0
         folder = root / "session-0"
         folder.mkdir(parents=True)
         plan: list[tuple[str, bool]] = []  # (kind, first of a pair) still to aim in this session
@@ -424,7 +432,7 @@ def run_agent_kills(
                 paired = kind in ("model-twice", "recovery")
                 plan = [(kind, True), (kind, False)] if paired else [(kind, True)]
             kind, first = plan.pop(0)
-            child = Child(folder, rng, intents)
+            child = Child(folder, rng, intents, killed_in_model=kind in ("model", "model-twice"))
             landed = _aim(child, kind, rng, span, first)
             finished, code, error = child.end()
             if child.hung or code not in (0, -signal.SIGKILL) or (code == 0 and not finished):
