@@ -70,6 +70,7 @@ from ..plugins.registry import Registry, default_registry
 from ..repositories.locations import masked
 from . import repos
 from .convert import cmd_convert
+from .examples import explain
 from .look import cmd_backends, cmd_inspect, cmd_reduce, cmd_verify
 from .output import LOCATIONS, PROG, one_line, say_error, typed
 from .recover import cmd_abort, cmd_plan, cmd_recover
@@ -100,13 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("file", metavar="FILE", help="the session")
         return sub
 
-    def common(sub: argparse.ArgumentParser) -> None:
+    def common(sub: argparse.ArgumentParser, what: str = "FILE") -> None:
         sub.add_argument(
             "--backend",
             default=None,
             metavar="NAME",
-            help="the backend that stores FILE (default: read from FILE: sqlite for a SQLite database, "
-            "else jsonl; a power-class file's NUL rule needs --backend jsonl-fsync)",
+            help=f"the backend that stores {what} (default: read from {what}: sqlite for a SQLite "
+            "database, else jsonl; a power-class file's NUL rule needs --backend jsonl-fsync)",
         )
         sub.add_argument(
             "--progress",
@@ -192,8 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
         "import it into under its own id",
     )
     sub.add_argument("--to", metavar="BACKEND", help="the backend of DST (when DST is a session path)")
-    common(sub)
+    common(sub, "SRC")
     repos.add_commands(commands)
+    explain(commands)
     return parser
 
 
