@@ -410,3 +410,132 @@ def test_a_sql_commit_does_not_parse_its_own_line(tmp_path: Path, monkeypatch: p
         store.close()
         (info,) = repo.list()
         assert (info.session_id, info.last_seq, info.title) == (session_id, 3, "before")
+
+
+# -- PostgreSQL: a store keeps its connection while it holds the session ----------------------------
+
+
+def _terminate(url: str, pid: int) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as killer:
+        killer.execute("select pg_terminate_backend(%s)", (pid,))
+
+
+def _lending(repo: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The connections the repository's pool hands out from now on."""
+    taken: list[Any] = []
+    real = repo.pool.getconn
+
+    def getconn(*args: Any, **kwargs: Any) -> Any:
+        taken.append(real(*args, **kwargs))
+        return taken[-1]
+
+    monkeypatch.setattr(repo.pool, "getconn", getconn)
+    return taken
+
+
+def test_a_postgres_store_commits_on_the_connection_it_holds(
+    postgres_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with sessionlog.repository(postgres_server.new_database()) as repo:
+        store = repo.create(**HEADER)
+        store.commit([_user("first")])  # takes the connection it keeps
+        assert repo.lender.held == 1
+        taken = _lending(repo, monkeypatch)
+        for index in range(20):
+            store.commit([_user(f"message {index}")])
+        assert taken == []  # no lending per commit
+        session_id = store.load().session_id
+        store.close()
+        assert repo.lender.held == 0
+        assert len(repo.load(session_id).transcript) == 21
+
+
+def test_past_the_bound_a_store_borrows_a_connection_per_commit(
+    postgres_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with sessionlog.repository(postgres_server.new_database(), held_connections=1) as repo:
+        first, second = repo.create(**HEADER), repo.create(**HEADER)
+        ids = [store.load().session_id for store in (first, second)]
+        first.commit([_user("holds")])
+        taken = _lending(repo, monkeypatch)
+        for index in range(3):
+            second.commit([_user(f"borrows {index}")])
+        assert repo.lender.held == 1 and len(taken) == 3
+        first.close()
+        second.commit([_user("now it holds")])
+        taken.clear()
+        second.commit([_user("on its own")])
+        assert taken == [] and repo.lender.held == 1
+        second.close()
+        assert [len(repo.load(session_id).transcript) for session_id in ids] == [1, 5]
+    for wrong in (-1, 16, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="held_connections"):
+            sessionlog.repository(postgres_server.url, held_connections=wrong)
+
+
+def test_a_held_connection_the_server_ended_is_replaced_before_a_commit(postgres_server: Any) -> None:
+    """Terminated while the store waited between commits (a failover, an operator), or by a
+    server restart: the next commit goes through a new connection, nothing refused or lost."""
+    url = postgres_server.new_database()
+    with sessionlog.repository(url) as repo:
+        store = repo.create(**HEADER)
+        store.commit([_user("before")])
+        held = store._backend._connection[0]
+        _terminate(url, held.info.backend_pid)
+        store.commit([_user("after a termination")])
+        assert store._backend._connection[0] is not held and repo.lender.held == 1
+        postgres_server.kill()
+        postgres_server.restart()
+        store.commit([_user("after a restart")])
+        assert repo.lender.held == 1
+        session_id = store.load().session_id
+        store.close()
+        contents = [m["content"] for m in repo.load(session_id).transcript]
+        assert contents == ["before", "after a termination", "after a restart"]
+
+
+def test_a_held_connection_that_breaks_in_a_commit_poisons_and_is_given_back(
+    postgres_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import psycopg
+
+    url = postgres_server.new_database()
+    with sessionlog.repository(url) as repo:
+        store = repo.create(**HEADER)
+        store.commit([_user("kept")])
+        session_id = store.load().session_id
+        real = psycopg.Connection.execute
+
+        def execute(connection: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            if str(query).startswith("with updated"):
+                _terminate(url, connection.info.backend_pid)  # the statement goes to a dead backend
+            return real(connection, query, *args, **kwargs)
+
+        monkeypatch.setattr(psycopg.Connection, "execute", execute)
+        with pytest.raises(sessionlog.StorePoisonedError) as caught:
+            store.commit([_user("in doubt")])
+        monkeypatch.setattr(psycopg.Connection, "execute", real)
+        assert isinstance(caught.value.__cause__, sessionlog.CommitOutcomeUnknownError)
+        assert repo.lender.held == 0  # given back (closed: the pool replaces it)
+        with pytest.raises(sessionlog.StorePoisonedError):
+            store.commit([_user("never retried")])
+        store.close()
+        with repo.open(session_id) as again:
+            again.commit([_user("reopened")])
+            assert [m["content"] for m in again.load().transcript] == ["kept", "reopened"]
+
+
+def test_a_dropped_postgres_store_gives_its_connection_back(postgres_server: Any) -> None:
+    import gc
+
+    with sessionlog.repository(postgres_server.new_database(), max_connections=2) as repo:
+        store = repo.create(**HEADER)
+        store.commit([_user("dropped")])
+        assert repo.lender.held == 1
+        del store
+        gc.collect()
+        assert repo.lender.held == 0
+        with repo.lent(timeout=5) as connection, repo.lent(timeout=5) as other:  # both in the pool again
+            assert connection is not other

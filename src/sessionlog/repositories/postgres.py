@@ -34,6 +34,9 @@ never take the same. When the connection breaks during COMMIT the store is poiso
 CommitOutcomeUnknownError; reopening reads the rows back. Every other driver error is a
 RepositoryError naming the operation and the session, its message without the password
 (`locations.mask_in`); a pooled connection the server broke is replaced before it is lent.
+A store keeps the connection of its first commit until it closes (`held_connections` of them at
+most, half the pool by default; past that a store borrows one per commit): checked before each
+commit as a lent one is, and given back to the pool after anything went wrong in a commit.
 With `create=False` a database without the schema is RepositoryNotFoundError, nothing created.
 """
 
@@ -46,6 +49,7 @@ import re
 import secrets
 import socket
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -115,6 +119,7 @@ class PostgresRepository(SQLRepository):
         lease_seconds: float = 30.0,
         migrate: bool = True,
         max_connections: int = 16,
+        held_connections: int | None = None,
         create: bool = True,
     ) -> None:
         psycopg = _import_psycopg()
@@ -128,6 +133,13 @@ class PostgresRepository(SQLRepository):
         if type(lease_seconds) not in (int, float) or not 0.1 <= lease_seconds < 86400:
             raise ValueError(
                 f"lease_seconds is a number of seconds from 0.1 to a day, not {shown(lease_seconds)}"
+            )
+        if held_connections is None:
+            held_connections = max_connections // 2
+        if type(held_connections) is not int or not 0 <= held_connections < max(max_connections, 1):
+            raise ValueError(
+                "held_connections is an integer from 0 to max_connections - 1, not "
+                f"{shown(held_connections)} (the heartbeat and the reads need a connection of the pool)"
             )
         self.info, self.async_info = INFOS[durability], ASYNC_INFOS[durability]
         self.lease = f"interval '{float(lease_seconds):.3f} seconds'"  # never 1e-05: not SQL's syntax
@@ -171,7 +183,7 @@ class PostgresRepository(SQLRepository):
             with self.failing_as("open the repository"), pool.connection() as connection:
                 self.path = _display(connection.info)
         else:
-            self.path = self._own_pool(str(location), max_connections, create=create)
+            self.path = self._own_pool(str(location), max_connections, held_connections, create=create)
         self.heartbeat = Heartbeat(self._renew, self.lease_seconds, self.path)
         try:
             with self.failing_as("open the repository"), self.lent() as connection:
@@ -183,7 +195,7 @@ class PostgresRepository(SQLRepository):
             self.close()
             raise
 
-    def _own_pool(self, location: str, max_connections: int, *, create: bool = True) -> str:
+    def _own_pool(self, location: str, max_connections: int, held: int, *, create: bool = True) -> str:
         """Check the server can be reached (a typed error naming it, never the password), then
         open a pool of autocommit connections with this class's settings; the display name.
         Pooled connections are checked as they are lent, so a pool outlives a server restart."""
@@ -200,7 +212,7 @@ class PostgresRepository(SQLRepository):
                 )
             raise SessionPathError(errno.ECONNREFUSED, f"cannot connect to PostgreSQL: {problem}")
 
-        self.lender = Lender.own(location, max_connections)
+        self.lender = Lender.own(location, max_connections, held)
         self.pool = self.lender.pool
         return display
 
@@ -336,20 +348,48 @@ class PostgresRepository(SQLRepository):
                 "may or may not have landed: reopen the session to read which"
             ) from error
 
-    def commit_alone(self, rows: SessionRows, lines: Sequence[bytes]) -> None:
+    def commit_alone(self, rows: SessionRows, lines: Sequence[bytes], held: list[Any] | None = None) -> None:
         """One session's commit: its one `append` statement on an autocommit connection (its
-        own transaction, one round trip), else inside a transaction."""
+        own transaction, one round trip), else inside a transaction. `held`: the store's held
+        connection, if any ([] none yet: one is held if the bound allows), else one is lent."""
         self.check_hold(rows)
         since = time.monotonic()
-        with self.lent() as connection:
-            if not connection.autocommit:  # a pool the caller configured otherwise
-                with self.transaction(connection) as open_connection:
-                    written = rows.write(open_connection, lines)
-            else:
-                with self._committing(connection, "the commit's statement"):
-                    written = rows.write(connection, lines)
+        connection = None if held is None else self._held(held)
+        if held is None or connection is None:
+            with self.lent() as connection:
+                written = self._commit_on(connection, rows, lines)
+        else:
+            try:
+                written = self._commit_on(connection, rows, lines)
+            except BaseException:  # whatever it was, the next commit holds a fresh connection
+                held.clear()
+                self.lender.give_back(connection)
+                raise
+            held[1:] = [time.monotonic()]
         rows.advance(written)
         self.heartbeat.renewed((rows.session_id, rows.epoch), since)
+
+    def _held(self, held: list[Any]) -> Any:
+        """The store's held connection ([connection, last used] or []), checked as `lent`
+        checks one; a new one held when it has none (or its own failed the check), None past
+        the bound."""
+        if held:
+            connection, used = held
+            if self.lender.check(connection, used):
+                return connection
+            held.clear()  # it failed the check and went back to the pool closed
+            self.lender.give_back(connection, checked_out=False)
+        connection = self.lender.hold()
+        if connection is not None:
+            held[:] = [connection, None]  # its first use: it was checked as it was taken
+        return connection
+
+    def _commit_on(self, connection: Any, rows: SessionRows, lines: Sequence[bytes]) -> Any:
+        if not connection.autocommit:  # a pool the caller configured otherwise
+            with self.transaction(connection) as open_connection:
+                return rows.write(open_connection, lines)
+        with self._committing(connection, "the commit's statement"):
+            return rows.write(connection, lines)
 
     def write_batch(self, connection: Any, batch: Sequence[tuple[SessionRows, Sequence[bytes]]]) -> list[Any]:
         """Every session's `append` sent at once (a pipeline: one round trip for the batch);
@@ -477,14 +517,18 @@ class PostgresRepository(SQLRepository):
 
 
 class PostgresSession(SessionRows):
-    """One session as a sync store's backend: each commit one transaction on a pooled connection."""
+    """One session as a sync store's backend: each commit one transaction, on the connection the
+    store holds (`PostgresRepository.commit_alone`) or on one lent for it."""
 
     repository: PostgresRepository
 
     def __init__(self, repository: PostgresRepository, session_id: str, epoch: int) -> None:
         super().__init__(repository, session_id, epoch)
+        self._connection: list[Any] = []  # [held connection, last used], or nothing held
         if epoch:
             repository.heartbeat.attach((session_id, epoch), self)
+        # A store dropped without close() gives its held connection back once collected.
+        self._dropped = weakref.finalize(self, _give_back, repository.lender, self._connection)
 
     def read(self) -> bytes:
         with self.repository.failing_as("open", self.session_id), self.repository.reading() as connection:
@@ -499,11 +543,13 @@ class PostgresSession(SessionRows):
         # ended with the repository), not the unknown outcome of a failed write.
         self.repository.check_hold(self)
         with self.repository.failing_as("commit", self.session_id):
-            self.repository.commit_alone(self, (line,))
+            self.repository.commit_alone(self, (line,), self._connection)
 
     def close(self) -> None:
-        """Release the hold at best effort, never waiting long: a release that cannot be
-        written leaves a lease that runs out (the heartbeat stopped renewing it)."""
+        """Give the held connection back, and release the hold at best effort, never waiting
+        long: a release that cannot be written leaves a lease that runs out (the heartbeat
+        stopped renewing it)."""
+        self._dropped()
         repository = self.repository
         if self.epoch:
             repository.forget_hold(self.session_id, self.epoch)
@@ -513,6 +559,14 @@ class PostgresSession(SessionRows):
                     repository.lent(timeout=repository.lease_seconds / 3) as connection,
                 ):
                     self.release(connection)
+
+
+def _give_back(lender: Lender, held: list[Any]) -> None:
+    if held:
+        connection = held[0]
+        held.clear()
+        with contextlib.suppress(Exception):  # a pool gone already
+            lender.give_back(connection)
 
 
 def _columns(keys: Sequence[Key]) -> tuple[list[str], list[int]]:

@@ -16,6 +16,13 @@ left calls waiting although it was back (so an attempt gives up after 2 s and a 
 at once: a call is served within about a second of the server's return, and a server that stays
 down costs one connection attempt a second).
 
+Held connections: a session's store may keep one connection from its first commit until it
+closes (`hold`, `give_back`), saving the pool's lending and return on every commit; at most
+`max_held` at once (past that a store borrows one per commit), and only from the repository's own
+pool. A held connection is checked before each commit exactly as a lent one (`check`), and one
+that failed the check, or anything in a commit, goes back to the pool (closed if it broke), the
+next commit holding a fresh one.
+
 A pool the caller passed is the caller's: its connections are lent as it lends them.
 """
 
@@ -50,21 +57,26 @@ def _reconnect_afresh(pool: Any) -> None:
 class Lender:
     """Lends the connections of `pool`; `owned`: the repository's own (checked as lent)."""
 
-    def __init__(self, pool: Any, *, owned: bool) -> None:
+    def __init__(self, pool: Any, *, owned: bool, max_held: int = 0) -> None:
         self.pool = pool
         self.owned = owned
+        self.max_held = max_held if owned else 0
+        self.held = 0  # connections held by stores now
         self._returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+        # Re-entrant: a store collected without close() gives its connection back from the
+        # garbage collector, which may run in a thread inside `hold`.
+        self._held_lock = threading.RLock()
 
     @classmethod
-    def own(cls, location: str, max_connections: int) -> Lender:
+    def own(cls, location: str, max_connections: int, max_held: int = 0) -> Lender:
         """A new pool of autocommit connections to `location` (checked reachable by the caller)."""
         from psycopg_pool import ConnectionPool
 
         def configure(connection: Any) -> None:
             connection.autocommit = True
 
-        lender = cls(None, owned=True)
+        lender = cls(None, owned=True, max_held=max_held)
         lender.pool = ConnectionPool(
             location,
             min_size=1,
@@ -89,27 +101,60 @@ class Lender:
             with self.pool.connection(timeout=timeout) as connection:
                 yield connection
             return
-        deadline = time.monotonic() + (self.pool.timeout if timeout is None else timeout)
-        while True:
-            connection = self.pool.getconn(timeout=max(0.0, deadline - time.monotonic()))
-            try:
-                with self._lock:
-                    since = self._returned.pop(connection, None)
-                if (
-                    since is not None
-                    and time.monotonic() - since <= IDLE_CHECKED
-                    and not readable(connection)
-                ):
-                    break
-                self.pool.check_connection(connection)
-                break
-            except Exception:
-                connection.close()
-                self.pool.putconn(connection)  # closed: the pool replaces it
-            except BaseException:  # interrupted mid-check: given back, not leaked
-                self.pool.putconn(connection)
-                raise
+        connection = self._sound(timeout)
         try:
             yield connection
         finally:
+            self.pool.putconn(connection)
+
+    def _sound(self, timeout: float | None) -> Any:
+        """A connection of the own pool, checked: one that fails its check is closed and given
+        back (the pool replaces it), and the next one is tried."""
+        deadline = time.monotonic() + (self.pool.timeout if timeout is None else timeout)
+        while True:
+            connection = self.pool.getconn(timeout=max(0.0, deadline - time.monotonic()))
+            with self._lock:
+                since = self._returned.pop(connection, None)
+            if self.check(connection, since):
+                return connection
+
+    def check(self, connection: Any, since: float | None) -> bool:
+        """Whether `connection`, idle since `since` (monotonic; None: unknown), is sound: used as
+        it is when it was idle at most IDLE_CHECKED and the server sent nothing on it, else
+        checked with a round trip. False: it failed the check and went back to the pool closed.
+        Interrupted mid-check it goes back too (not leaked), and the interruption is raised."""
+        try:
+            if since is not None and time.monotonic() - since <= IDLE_CHECKED and not readable(connection):
+                return True
+            self.pool.check_connection(connection)
+            return True
+        except Exception:
+            connection.close()
+            self.pool.putconn(connection)  # closed: the pool replaces it
+            return False
+        except BaseException:  # interrupted mid-check: given back, not leaked
+            self.pool.putconn(connection)
+            raise
+
+    def hold(self, timeout: float | None = None) -> Any:
+        """A sound connection for a store to keep between its commits (`give_back` it), or None
+        when `max_held` are held already or the pool is the caller's: that store borrows one
+        per commit (`lent`) until a held one is given back."""
+        with self._held_lock:
+            if self.held >= self.max_held:
+                return None
+            self.held += 1
+        try:
+            return self._sound(timeout)
+        except BaseException:
+            with self._held_lock:
+                self.held -= 1
+            raise
+
+    def give_back(self, connection: Any, *, checked_out: bool = True) -> None:
+        """The end of a hold: the connection goes back to the pool (which discards it if it
+        broke or the pool closed). `checked_out=False`: it went back already (a failed check)."""
+        with self._held_lock:
+            self.held -= 1
+        if checked_out:
             self.pool.putconn(connection)
