@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +59,56 @@ def test_the_examples_parse_and_docs_show_each_one() -> None:
             argv = shlex.split(command.replace("SESSION_ID", new_id()))[1:]
             if name != "bench":
                 parser.parse_args(argv)  # a usage error would exit 2 here
+
+
+def _sandbox(here: Path) -> dict[str, str]:
+    """The files the examples name, made as a user would have them; the ids to put in."""
+    import json
+
+    import sessionlog
+    from sessionlog.core import facts
+
+    with sessionlog.create(here / "session.jsonl", backend="jsonl", provider="p", model="m") as store:
+        store.commit(facts.accept_prompt("hello"))
+        agent = sessionlog.Session(store, tools=[], model="m")
+        (here / "current.json").write_text(json.dumps(agent.current()))
+    for name in ("old.jsonl", "other.jsonl"):
+        with sessionlog.create(here / name, backend="jsonl", provider="p", model="m") as store:
+            store.commit(facts.accept_prompt(f"from {name}"))
+    ids = {}
+    for location in (f"sqlite:///{here}/sessions.db", str(here / "sessions")):
+        repo = sessionlog.repository(location)
+        with repo.create(provider="p", model="m", labels=["support"]) as store:
+            store.commit(facts.accept_prompt("hi"))
+            ids[location] = store.load().session_id
+        repo.close()
+    return {"sqlite": ids[f"sqlite:///{here}/sessions.db"], "directory": ids[str(here / "sessions")]}
+
+
+def test_the_examples_run_in_a_sandbox(tmp_path: Path) -> None:
+    """Each example of every command, as docs/cli.md shows it, run by bash in a folder holding
+    the files it names: it succeeds (exit 0) and prints no traceback."""
+    ids = _sandbox(tmp_path)
+    ran = 0
+    for name, examples in EXAMPLES.items():
+        for example in examples:
+            if name == "bench" or "postgresql://" in example:
+                continue  # minutes, or a server: tests/test_bench*.py and the PostgreSQL tests
+            if "| jq" in example and shutil.which("jq") is None:
+                example = example.split(" | ")[0]
+            command = example.replace("sessions/#SESSION_ID", f"sessions/#{ids['directory']}")
+            command = command.replace("SESSION_ID", ids["sqlite"])
+            done = subprocess.run(
+                ["bash", "-c", f"{shlex.quote(sys.executable)} -m sessionlog.cli {command.split(' ', 1)[1]}"],
+                cwd=tmp_path, capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            said = done.stdout + done.stderr
+            failed = f"{example!r} exited {done.returncode}: {said[-600:]}"
+            assert done.returncode == 0, failed
+            assert "Traceback" not in said, f"{example!r}: {said[-800:]}"
+            ran += 1
+    assert ran >= 20
+    assert (tmp_path / "exported.jsonl").stat().st_size > 0 and (tmp_path / "new.jsonl").is_file()
 
 
 def _hostile(tmp_path: Path) -> dict[str, str]:

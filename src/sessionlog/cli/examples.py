@@ -1,5 +1,6 @@
 """What each command's `--help` shows below its options: an example or two, as a user types them
-(docs/cli.md is checked against these by tests/test_cli_help.py)."""
+(docs/cli.md is checked against these, and each runs in a sandbox of such files, by
+tests/test_cli_help.py)."""
 
 from __future__ import annotations
 
@@ -28,9 +29,9 @@ EXAMPLES = {
         "sessionlog ls sqlite:///sessions.db --status needs-recovery",
         "sessionlog ls postgresql://agent@db/agent --label support --json",
     ],
-    "export": ["sessionlog export sqlite:///sessions.db#SESSION_ID -o session.jsonl"],
-    "import": ["sessionlog import sqlite:///sessions.db session.jsonl --label imported"],
-    "fork": ["sessionlog fork sqlite:///sessions.db#SESSION_ID --at 12"],
+    "export": ["sessionlog export sqlite:///sessions.db#SESSION_ID -o exported.jsonl"],
+    "import": ["sessionlog import sqlite:///sessions.db other.jsonl --label imported"],
+    "fork": ["sessionlog fork sqlite:///sessions.db#SESSION_ID --at 2"],
     "rm": ["sessionlog rm sqlite:///sessions.db#SESSION_ID"],
     "migrate": ["sessionlog migrate postgresql://admin@db/agent"],
 }
