@@ -1,4 +1,4 @@
-"""The crash-and-resume walk-through of the README, end to end with real processes: run the
+"""The crash-and-resume walk-through of docs/cli.md, end to end with real processes: run the
 example agent until it dies inside the write tool, inspect, recover, run it again to the end."""
 
 from __future__ import annotations

@@ -346,7 +346,7 @@ def test_the_lock_is_taken_by_default_and_skipping_it_is_named_unsafe(tmp_path: 
 
 def test_hands_on_only_lf_terminated_lines_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    # The same code as "Try it" in the README.
+    # The same code as "Try it" in docs/stores.md.
     header = sessionlog.encode_header(
         cwd="/workspace", provider="openrouter", model="test/model", environment_identity="demo"
     )
@@ -370,7 +370,7 @@ def test_hands_on_only_lf_terminated_lines_count(tmp_path: Path, monkeypatch: py
 
 
 def agent_loop_example() -> sessionlog.SessionState:
-    """The same code as the agent-loop example of the README."""
+    """The same code as the agent-loop example of docs/stores.md."""
     zero = "sha256:" + "0" * 64
     snapshot = {  # what the model attempt runs under; its digest goes into the log
         "adapterIdentity": "openrouter:chat-completions:v1",

@@ -15,7 +15,7 @@ from waiting (its future is the notification, not the work); the line is written
 order, unless the store is poisoned (then the commit fails for everyone, as below). To know for
 certain, `await store.flush()` (or any later commit returning: the queue is FIFO); then `load()`
 tells (the transaction's effects, `last_seq`). A commit wrapped in its own task and cancelled
-before that task ran was never prepared and never lands. The README (Async stores) has more.
+before that task ran was never prepared and never lands. docs/async-stores.md has more.
 
 Failure. A failed write or sync poisons the store: the batch and everything queued behind it
 fail with StorePoisonedError (the failed batch may or may not be on disk; reopening tells), and

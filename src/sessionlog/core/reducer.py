@@ -10,12 +10,12 @@ failing transaction ends the load.
 
 Where things are: `shapes` (the keys each fact, entry and record may have; the header),
 `model` (entries, attempts, operations: what later facts refer to), `journal` (the undo
-journal), `entries` and `records` (the rules of each fact type), and this module (transactions,
-the per-fact checks, usage).
+journal), `reducer_state` (the tables and the checks the rules share), `entries` and `records`
+(the rules of each fact type), and this module (transactions, the per-fact checks, usage).
 
 Checks run in the contract's order so that `{code, line, seq}` matches the other ports; where the
-ports disagree with each other, this module follows the contract text (see the README's
-compatibility notes).
+ports disagree with each other, this module follows the contract text (see the compatibility
+notes in docs/contract.md).
 """
 
 from __future__ import annotations
