@@ -1,7 +1,7 @@
 """`sessionlog bench` never writes into the user's data: `--dir` only through a scratch folder it
 makes and removes, `--postgres` only in a scratch database it creates and drops, also when
 interrupted (Ctrl-C) or when a row fails; an unusable `--dir` or `--postgres` is exit 2 with one
-line, no traceback. The bench's smallest settings (`--tiny`, shapes c and e)."""
+line, no traceback. The bench's smallest settings (`--tiny`, shapes c, e and h)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from sessionlog import bench
-from sessionlog.bench import shapes
+from sessionlog.bench import restart, shapes
 
 
 def _bench(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -64,7 +64,7 @@ NOTHING: dict[str, list[str]] = {"scratch databases": [], "schemas": [], "tables
 
 
 def _argv(folder: Path, url: str) -> list[str]:
-    smallest = ["--backends", "postgresql-repository", "--shape", "ce", "--tiny"]
+    smallest = ["--backends", "postgresql-repository", "--shape", "ceh", "--tiny"]
     return ["--dir", str(folder), "--postgres", url, *smallest]
 
 
@@ -75,6 +75,7 @@ def test_postgres_rows_run_in_a_scratch_database_that_is_dropped(
     code, out, err = _bench(capsys, *_argv(tmp_path, url))
     assert code == 0, err
     assert "postgresql repository, async (power)" in out and "postgresql: list" in out  # the rows ran
+    assert "postgresql repository: reopen, list, claim the unfinished" in out  # in a second scratch database
     assert _left(postgres_server, url.rsplit("/", 1)[1]) == NOTHING
     assert list(tmp_path.iterdir()) == []
 
@@ -84,10 +85,10 @@ def test_an_interrupted_or_failed_run_leaves_nothing(
     stop: str, postgres_server: Any, tmp_path: Path, monkeypatch: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = postgres_server.new_database()
-    real_fill, real_listing = shapes.fill_repository, shapes.listing_job
+    real_fill, real_listing = restart.fill, shapes.listing_job
 
-    def fill_then_interrupt(repo: Any, sessions: int) -> None:
-        real_fill(repo, sessions)  # the scratch database holds sessions now
+    def fill_then_interrupt(kind: str, location: str, sessions: int) -> None:
+        real_fill(kind, location, sessions)  # the scratch database holds sessions now
         raise KeyboardInterrupt
 
     def failing_listing(repo: Any, call: str) -> Any:
@@ -99,7 +100,7 @@ def test_an_interrupted_or_failed_run_leaves_nothing(
         return job
 
     if stop == "Ctrl-C":
-        monkeypatch.setattr(shapes, "fill_repository", fill_then_interrupt)
+        monkeypatch.setattr(restart, "fill", fill_then_interrupt)
     else:
         monkeypatch.setattr(shapes, "listing_job", failing_listing)
     code, _, err = _bench(capsys, *_argv(tmp_path, url))

@@ -30,6 +30,7 @@ from .measure import RowFailed
 from .peers import peers as all_peers
 from .places import PlaceError, ScratchDatabase, check_directory
 from .report import advise, markdown, not_syncing, plot, text
+from .resume import readers
 
 if TYPE_CHECKING:
     from ..plugins.registry import Registry
@@ -66,12 +67,18 @@ def parser() -> argparse.ArgumentParser:
     made.add_argument(
         "--shape",
         default=runner.SHAPES,
-        help="the shapes to run, letters of abcde (a: 1 committer, b: 64 committers, c: N sessions, "
-        "d: loading, e: list and unfinished; default: all)",
+        help="the shapes to run, letters of abcdefgh (a: 1 committer, b: 64 committers, c: N sessions, "
+        "d: loading, e: list and unfinished, f: 1 committer into a long session, g: resume a session "
+        "(open, load, list its messages) beside the peers' read paths, h: a platform's restart "
+        "(reopen a repository, list it, claim the unfinished sessions); default: all)",
     )
     size = made.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="the default: about 2 minutes")
-    size.add_argument("--full", action="store_true", help="more rounds, 256 sessions, 100k-fact loads")
+    size.add_argument(
+        "--full",
+        action="store_true",
+        help="more rounds, 256 sessions, 100k-fact loads, 100k-message resumes, 10,000-session restarts",
+    )
     size.add_argument(
         "--tiny", action="store_true", help="a smoke test of the shapes: seconds, numbers too small to trust"
     )
@@ -82,8 +89,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _postgres_wanted(backends: list[str] | None, shapes: str) -> bool:
-    """PostgreSQL rows: the repository's (c, e) and the PostgreSQL peers' (a, c)."""
-    return (backends is None or "postgresql-repository" in backends) and bool(set(shapes) & set("ace"))
+    """PostgreSQL rows: the repository's (c, e, h) and the PostgreSQL peers' (a, c)."""
+    return (backends is None or "postgresql-repository" in backends) and bool(set(shapes) & set("aceh"))
 
 
 def main(argv: list[str] | None = None, *, registry: Registry | None = None) -> int:
@@ -157,11 +164,15 @@ def _run_in_scratch(
             unavailable = f"no --postgres URL and no local server could be started: {error}"[:300]
     try:
         if url is None or not _postgres_wanted(backends, only):
-            result = runner.run(directory, backends, None, mode, True, all_peers(None), only, registry)
+            result = runner.run(
+                directory, backends, None, mode, True, all_peers(None), only, registry, readers()
+            )
         else:
             with ScratchDatabase(url) as scratch:
                 peers = all_peers(scratch)
-                result = runner.run(directory, backends, scratch, mode, True, peers, only, registry)
+                result = runner.run(
+                    directory, backends, scratch, mode, True, peers, only, registry, readers()
+                )
     finally:
         if server is not None:
             server.stop()

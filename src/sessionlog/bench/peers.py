@@ -51,7 +51,7 @@ def sqlite3_peer(synchronous: str) -> Peer:
 
 
 @functools.cache
-def _aggregate() -> Any:
+def session_aggregate() -> Any:
     """eventsourcing's aggregate, defined once: it refuses a second class under one topic."""
     from eventsourcing.domain import Aggregate, event
 
@@ -71,7 +71,7 @@ def _eventsourcing(env: Callable[[Path, int], dict[str, str]]) -> Callable[[Path
         from eventsourcing.application import Application
 
         app: Application[Any] = Application(env=env(folder, session))
-        aggregate = _aggregate()()
+        aggregate = session_aggregate()()
         app.save(aggregate)
 
         def commit(index: int) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from . import trust
+from .runner import SHAPES
 
 CLASSES = ("process", "power", "replicated")
 ABOVE = {
@@ -31,14 +32,17 @@ def _shapes(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 
 def _why_above(row: dict[str, Any]) -> str:
-    if row.get("vs_ceiling", 0) <= 1.0:
+    if row.get("vs_ceiling", 0) <= 1.0 or row.get("versus"):  # beside another row, not a ceiling
         return ""
     return ABOVE.get(row["shape"][0], "measured in the same rounds; the ceiling's rounds were slower")
 
 
 def table(shape: str, rows: list[dict[str, Any]]) -> list[list[str]]:
-    """Header and cells of one shape's table: ceilings first, then rows fastest first."""
+    """Header and cells of one shape's table: ceilings first, then rows fastest first. A shape
+    whose rows are set beside one of its rows (`versus`: shape g's, beside sessionlog's) says so
+    in the last two columns' names."""
     unit = next((row.get("unit") for row in rows if row.get("unit")), "commits/s")
+    versus = next((row["versus"] for row in rows if row.get("versus")), None)
     cells = [
         [
             "row",
@@ -46,8 +50,8 @@ def table(shape: str, rows: list[dict[str, Any]]) -> list[list[str]]:
             f"{unit} median (min-max)",
             "p50 us",
             "p99 us",
-            "its ceiling, same run",
-            "vs ceiling",
+            f"{versus}'s row, same run" if versus else "its ceiling, same run",
+            f"vs {versus}" if versus else "vs ceiling",
         ]
     ]
     ordered = sorted(rows, key=lambda row: (row["kind"] != "ceiling", -row["per_s"]))
@@ -71,8 +75,11 @@ def table(shape: str, rows: list[dict[str, Any]]) -> list[list[str]]:
 
 
 def _notes(rows: list[dict[str, Any]]) -> list[str]:
-    return [
+    above = [
         f"  note: {row['name']} is above its ceiling: {_why_above(row)}" for row in rows if _why_above(row)
+    ]
+    return above + [
+        f"  note: {row['name']}: {row['claim_stopped']}" for row in rows if row.get("claim_stopped")
     ]
 
 
@@ -200,8 +207,8 @@ def checks(result: dict[str, Any]) -> list[str]:
     lines = []
     full = result.get("full_estimate_s")
     estimate = f"; --full would take about {full / 60:.0f} min (from this run's shapes)" if full else ""
-    chosen = result.get("shapes", "abcdef")
-    if result["mode"] == "quick" and chosen != "abcdef":
+    chosen = result.get("shapes", SHAPES)
+    if result["mode"] == "quick" and chosen != SHAPES:
         lines.append(f"the quick run of shapes {chosen} took {result['seconds']:.0f} s")
     elif result["mode"] == "quick":
         lines.append(f"the quick run took {result['seconds']:.0f} s (bound: 120 s){estimate}")

@@ -3,6 +3,7 @@ how much to measure (`Plan`). The command line is `command`."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import platform
@@ -14,15 +15,17 @@ from typing import TYPE_CHECKING, Any
 
 import sessionlog
 
-from . import shapes, trust
+from . import restart, resume, shapes, trust
 from .flushes import FlushCounter
 from .measure import Job, paired_ratio, steady
+from .places import ScratchDatabase
 
 if TYPE_CHECKING:
     from ..plugins.registry import Registry
 
-SHAPES = "abcdef"  # `--shape`: (a) 1 committer, (b) 64 committers, (c) N sessions, (d) load, (e) list,
-# (f) 1 committer into a long session
+SHAPES = "abcdefgh"  # `--shape`: (a) 1 committer, (b) 64 committers, (c) N sessions, (d) load, (e) list,
+# (f) 1 committer into a long session, (g) resume a session, (h) a platform's restart
+RESUMED = ("jsonl", "sqlite")  # shape g's sessionlog rows when `--backends` names none
 REPOSITORIES = ("directory", "sqlite", "postgresql")  # `--backends` names them `KIND-repository`
 
 
@@ -37,6 +40,8 @@ class Plan:
         self.loads = {"full": (1_000, 10_000, 100_000), "quick": (1_000, 10_000), "tiny": (200,)}[mode]
         self.listed = 200 if mode == "tiny" else 10_000
         self.held = {"full": (10_000, 100_000), "quick": (10_000,), "tiny": (300,)}[mode]
+        self.resumed = {"full": (1_000, 10_000, 100_000), "quick": (1_000, 10_000), "tiny": (100,)}[mode]
+        self.restarted = {"full": 10_000, "quick": 1_000, "tiny": 100}[mode]
         self.scale = {"full": 3.0, "quick": 1.0, "tiny": 0.1}[mode]
 
     def commits(self, durability: str, api: str, sessions: int = 1) -> int:
@@ -57,11 +62,13 @@ def run(
     peers: Sequence[shapes.Peer] = (),
     only: str = SHAPES,
     registry: Registry | None = None,
+    readers: Sequence[resume.Reader] = (),
 ) -> dict[str, Any]:
     """Every shape of `only` (letters of SHAPES); `peers`: the other libraries (`peers.peers`; one
-    that cannot open is listed as skipped with the reason, never estimated); `registry`: where the
-    backends are registered (None: the default registry, third-party plugins too). A row that
-    raises stops the run (`RowFailed`); the scratch folder goes in every case."""
+    that cannot open is listed as skipped with the reason, never estimated), `readers`: their read
+    paths for shape g (`resume.readers`, skipped alike); `registry`: where the backends are
+    registered (None: the default registry, third-party plugins too). A row that raises stops the
+    run (`RowFailed`); the scratch folder goes in every case."""
     plan = Plan(mode)
     unknown_shapes = set(only) - set(SHAPES)
     if unknown_shapes or not only:
@@ -83,6 +90,7 @@ def run(
     counter = FlushCounter(scratch.root)
     rows: list[dict[str, Any]] = []
     usable: list[shapes.Peer] = []
+    reading: list[resume.Reader] = []
     skipped: list[dict[str, str]] = []
     started = time.monotonic()
     seconds: dict[str, float] = {}  # shape -> seconds it took (`trust.full_estimate`)
@@ -131,6 +139,15 @@ def run(
                 usable.append(peer)
             except Exception as error:
                 skipped.append({"name": peer.name, "reason": f"{type(error).__name__}: {error}"[:200]})
+        for reader in readers if "g" in only else ():
+            try:  # two messages stored and read back: one not installed or failing is a skip
+                read, close = reader.build(scratch.fresh(), resume.messages(2))
+                if read() != 2:
+                    raise ValueError("it did not give back the 2 messages stored")
+                close()
+                reading.append(reader)
+            except Exception as error:
+                skipped.append({"name": reader.name, "reason": f"{type(error).__name__}: {error}"[:200]})
         # (a) one session, one committer
         for facts in (1, 10) if "a" in only else ():
             say(f"one session, one committer, {facts}-fact transactions")
@@ -279,23 +296,21 @@ def run(
         # (e) listing
         if "e" in only:
             say(f"list and unfinished over {plan.listed:,} sessions")
-        places: dict[str, Callable[[], Any]] = {
-            "directory": lambda: sessionlog.repository(scratch.fresh(), backend="jsonl"),
-            "sqlite": lambda: sessionlog.repository(
-                f"sqlite:///{scratch.fresh() / 'list.db'}", durability="process"
-            ),
-            "postgresql": lambda: sessionlog.repository(postgres) if postgres else None,
+        places: dict[str, Callable[[str], Any]] = {
+            "directory": lambda location: sessionlog.repository(location, backend="jsonl"),
+            "sqlite": lambda location: sessionlog.repository(location, durability="process"),
+            "postgresql": lambda location: sessionlog.repository(location),
         }
         repos: dict[str, Any] = {}
         filling = time.monotonic()
         try:
-            for kind, make in places.items() if "e" in only else ():
-                if repository_on(kind) and (repo := make()) is not None:
-                    repos[kind] = repo
+            for kind, location in _locations(scratch, postgres).items() if "e" in only else ():
+                if repository_on(kind):
+                    restart.fill(kind, location, plan.listed)
+                    repos[kind] = places[kind](location)
             jobs = {}
             for kind, repo in repos.items():
-                shapes.fill_repository(repo, plan.listed)
-                repo.list(limit=None)  # a directory builds its index once
+                repo.list(limit=None)  # a directory reads its index once
                 for call in ("list", "unfinished"):
                     jobs[f"{kind}: {call}"] = (
                         shapes.listing_job(repo, call),
@@ -334,6 +349,33 @@ def run(
                 for kind in kinds
             }
             measure(f"f: 1 committer, a session of {held:,} facts", jobs, ceilings)
+        # (g) resume: open, load and list a session, beside the peers' read paths
+        resumed = [name for name in names if chosen is not None or name in RESUMED]
+        for count in plan.resumed if "g" in only and (resumed or reading) else ():
+            say(f"resume a session of {count:,} messages")
+            jobs, closers = resume.resume_rows(scratch.fresh(), count, resumed, reading, registry)
+            try:
+                measure(f"g: resume a session of {count:,} messages", jobs, {})
+            finally:
+                for close in closers:
+                    close()
+        # (h) a platform's restart: reopen, list, claim the unfinished (PostgreSQL's in a
+        # database of its own: shape e's sessions are in the scratch one)
+        if "h" in only:
+            with contextlib.ExitStack() as stack:
+                other = stack.enter_context(ScratchDatabase(postgres)) if postgres else None
+                kept = {
+                    kind: location
+                    for kind, location in _locations(scratch, other).items()
+                    if repository_on(kind)
+                }
+                if kept:
+                    unfinished = restart.unfinished_count(plan.restarted)
+                    label = f"h: restart: {plan.restarted:,} sessions, {unfinished:,} unfinished"
+                    say(label[3:])
+                    filling = time.monotonic()
+                    measure(label, restart.restart_rows(kept, plan.restarted), {})
+                    seconds[label] = round(time.monotonic() - filling, 2)  # with the filling
     finally:
         scratch.remove()
     return {
@@ -349,6 +391,15 @@ def run(
         "load": {**load, "end": _load()},
         "shapes": only,
     }
+
+
+def _locations(scratch: shapes.Scratch, postgres: str | None) -> dict[str, str]:
+    """A fresh place for a repository of each kind (PostgreSQL's only with a server's URL)."""
+    found = {
+        "directory": str(scratch.fresh() / "sessions"),
+        "sqlite": f"sqlite:///{scratch.fresh() / 'sessions.db'}",
+    }
+    return found | ({"postgresql": postgres} if postgres else {})
 
 
 def _load() -> float | None:

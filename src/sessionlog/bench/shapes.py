@@ -8,7 +8,10 @@
   each (power) or without (process).
 * `repository_job`: N sessions of one repository (a SQLite file, a PostgreSQL database) through
   its async twin, whose writer thread puts the commits queued meanwhile in one transaction.
-* `load_job`, `listing_job`: reading a session back; `list` and `unfinished` over many sessions.
+* `load_job`, `listing_job`: reading a session back; `list` and `unfinished` over many sessions
+  (filled by `restart.fill`).
+
+Shapes g and h are in `resume` and `restart`.
 """
 
 from __future__ import annotations
@@ -306,17 +309,6 @@ def listing_job(repo: Any, call: str) -> Job:
         return 1, elapsed, [elapsed]
 
     return run
-
-
-def fill_repository(repo: Any, sessions: int) -> None:
-    """`sessions` sessions, one in ten left with an unfinished run."""
-    for number in range(sessions):
-        if hasattr(repo, "create_row") and number % 10:
-            repo.create_row(**HEADER)
-            continue
-        with repo.create(**HEADER) as store:
-            if number % 10 == 0:
-                store.commit(F.accept_prompt(f"task {number}"))
 
 
 @dataclass(frozen=True)
