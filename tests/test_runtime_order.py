@@ -176,7 +176,7 @@ def test_the_async_twin_runs_tools_in_order_with_one_intent_each(tmp_path: Path)
     tools.kill_in = "read 0"
 
     async def drive(session: sessionlog.AsyncSession, run: Any) -> None:
-        while await run.needs_model():
+        while run.needs_model:
             attempt = await run.attempt()
             step = sum(1 for m in (await session.state()).transcript if m["role"] == "assistant")
             await (attempt.settle(None, calls(step)) if step < 1 else attempt.settle("done"))

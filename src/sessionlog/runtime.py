@@ -35,169 +35,61 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import orjson
-
 from .core import facts as build
-from .core.commit import _first_non_json as first_non_json
 from .core.state import SessionState, copy_json
 from .recovery import (
     Store,
     ToolStart,
     facts_for_plan,
-    new_intent,
     plan_in_order,
     recover,
     start_step_facts,
 )
 from .runtime_blocked import Blocked, end_facts, run_prompt
+from .runtime_errors import (
+    AttemptOpenError,
+    InvalidAnswerError,
+    RunBlockedError,
+    RunOverError,
+    RuntimeStateError,
+)
+from .runtime_facts import (
+    INTENTS,
+    ToolCallInput,
+    begin_facts,
+    check_prompt,
+    contract_calls,
+    declarations,
+    has_result,
+    oversized,
+    oversized_text,
+    settle_facts,
+    tool_facts,
+)
+
+__all__ = [
+    "INTENTS",
+    "Attempt",
+    "AttemptOpenError",
+    "Blocked",
+    "InvalidAnswerError",
+    "Run",
+    "RunBlockedError",
+    "RunOverError",
+    "RuntimeStateError",
+    "Session",
+    "ToolCall",
+    "ToolCallInput",
+    "begin_facts",
+    "contract_calls",
+    "settle_facts",
+    "tool_facts",
+]
 from .tools import Configuration, Tool, Tools, recordable_text, tool_output
 
 Fact = dict[str, Any]
-ToolCallInput = Mapping[str, Any]
-"""A tool call as a model returns it: `{"id", "name", "arguments"}` (arguments a JSON object or
-its text), or already in the contract's form `{"id", "type": "function", "function": {...}}`."""
-
-
-class RuntimeStateError(RuntimeError):
-    """The runtime was asked for a step the session is not at (e.g. an attempt while tools of
-    the settled step have no result)."""
-
-
-class RunBlockedError(RuntimeStateError):
-    """A step asked of a blocked run; `blocked` (a `Blocked`) says why and the ways out."""
-
-    def __init__(self, blocked: Blocked) -> None:
-        self.blocked = blocked
-        super().__init__(str(blocked))
-
-
-class AttemptOpenError(RuntimeStateError):
-    """`attempt()` while an attempt this session opened has neither an answer nor a failure:
-    settle or fail it first (a second one would use up the retry)."""
-
-
-class InvalidAnswerError(ValueError):
-    """A model answer holding something that is not a JSON value; `path` names where (nothing
-    was written)."""
-
-    def __init__(self, path: str, what: str) -> None:
-        self.path = path
-        super().__init__(f"{path} is {what}, not a JSON value (nothing was written)")
-
 
 # -- what the sync and async runtimes share: state to facts ------------------------------------
-
-
-def declarations(tools: Tools | Iterable[Tool]) -> Tools:
-    return tools if isinstance(tools, Tools) else Tools(tools)
-
-
-def contract_calls(tool_calls: Sequence[ToolCallInput]) -> list[dict[str, Any]]:
-    """Tool calls in the contract's form, in the model's order."""
-    calls = []
-    if isinstance(tool_calls, str | bytes) or not isinstance(tool_calls, Sequence):
-        raise TypeError(f"tool_calls is a sequence of calls, not {type(tool_calls).__name__}")
-    for position, call in enumerate(tool_calls):
-        if not isinstance(call, Mapping):
-            raise TypeError(f"tool_calls[{position}] is a mapping, not {type(call).__name__}")
-        found = first_non_json(dict(call))
-        if found is not None:
-            path, what = found
-            raise InvalidAnswerError(f"tool_calls[{position}]{'.' if path[:1] != '[' else ''}{path}", what)
-        if "function" in call:
-            calls.append(dict(call))
-            continue
-        arguments = call.get("arguments", {})
-        text = arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()
-        calls.append(build.tool_call(call["id"], call["name"], text))
-    return calls
-
-
-def settle_facts(
-    state: SessionState,
-    attempt: Mapping[str, Any],
-    content: str | None,
-    tool_calls: Sequence[ToolCallInput],
-    usage: Mapping[str, int] | None,
-    stop_reason: str | None,
-) -> list[Fact]:
-    """The model's answer and its usage: one transaction."""
-    if content is not None and not isinstance(content, str):
-        raise TypeError(f"content is text or None, not {type(content).__name__}")
-    entry = build.assistant_message(
-        attempt["stepId"],
-        attempt["attemptId"],
-        content,
-        tool_calls=contract_calls(tool_calls),
-        stop_reason=stop_reason,
-    )
-    facts = [entry]
-    if usage is not None:
-        facts.append(build.usage(attempt["operationId"], usage, attempt_id=attempt["attemptId"]))
-    return facts
-
-
-INTENTS = ("tool", "step")
-"""When intents are committed: `tool` (default) each right before its tool runs; `step` all of a
-step in one transaction before the first tool runs (a kill during one tool then leaves the
-later, never-started ones pending: `never` tools among them are settled as interrupted)."""
-
-
-def tool_facts(
-    state: SessionState, tools: Tools, current: Mapping[str, Any], *, intents: str = "tool"
-) -> tuple[list[Fact], list[ToolStart]]:
-    """Every call of the settled step that has no outcome yet, in the model's order: a
-    pre-execution synthetic result for an unknown tool or arguments that are not a JSON object
-    (in the facts), the intent of each one that can run (in the facts too with `intents="step"`:
-    one transaction, no tool runs before all are durable; else each is committed by `begin`)."""
-    if state.settled_entry_id is None or state.step is None:
-        raise RuntimeStateError("no settled model answer to start tools for")
-    facts: list[Fact] = []
-    starts: list[ToolStart] = []
-    declared = {tool["name"]: tool for tool in current["tools"]}
-    for index, call in enumerate(state.settled_calls):
-        if state.has_outcome(index):
-            continue
-        name = call["function"]["name"]
-        arguments = _object(call["function"]["arguments"])
-        reason = "unknownTool" if name not in tools or name not in declared else None
-        if reason is None and arguments is None:
-            reason = "invalidArguments"
-        if reason is not None:
-            facts.append(
-                build.pre_execution_result(state.step["stepId"], state.settled_entry_id, index, call, reason)
-            )
-            continue
-        start = new_intent(state, index, call, arguments or {}, declared[name], current)
-        if intents == "step":
-            facts.extend(start.facts)
-        starts.append(start)
-    return facts, starts
-
-
-def begin_facts(state: SessionState, start: ToolStart) -> list[Fact]:
-    """The intent of one call, to commit right before its tool runs: refused (nothing written)
-    while an earlier call of its step has no result, so that tools run in the model's order."""
-    index = int(start.intent["toolIndex"])
-    if state.settled_entry_id != start.intent["assistantEntryId"]:
-        raise RuntimeStateError(f"call {index} is not of the step the run is at")
-    if state.has_outcome(index):
-        raise RuntimeStateError(f"call {index} was started or settled already (one outcome per call)")
-    pending = {tool["toolIndex"] for tool in state.pending_tools}
-    for earlier in range(index):
-        if not state.has_outcome(earlier) or earlier in pending:
-            raise RuntimeStateError(
-                f"call {earlier} has no result yet: tools run in the model's order (run it first)"
-            )
-    return start.facts
-
-
-def _object(text: Any) -> dict[str, Any] | None:
-    try:
-        value = orjson.loads(text)
-    except (orjson.JSONDecodeError, TypeError):
-        return None
-    return value if type(value) is dict else None
 
 
 def next_plan(state: SessionState, configuration: Configuration) -> Mapping[str, Any]:
@@ -293,11 +185,36 @@ def failure_text(error: BaseException) -> str:
 
 
 class RunBase:
-    """A run in progress (one accepted prompt), of a `Session` or an `AsyncSession`."""
+    """A run in progress (one accepted prompt), of a `Session` or an `AsyncSession`. Tied to
+    its run: once that is over (finished, ended, restarted) every step raises `RunOverError`."""
 
     def __init__(self, session: Any, operation_id: str) -> None:
         self.session = session
         self.operation_id = operation_id
+        self.restarted_as: str | None = None
+        """The run `restart()` started in its place."""
+
+    def is_current(self, state: SessionState) -> bool:
+        operation = state.current_operation
+        return (
+            self.restarted_as is None
+            and operation is not None
+            and operation["operationId"] == self.operation_id
+        )
+
+    def check_current(self, state: SessionState) -> SessionState:
+        """`state`, when the run is the session's current one; else RunOverError saying how it ended."""
+        if self.is_current(state):
+            return state
+        last = state.last_finished
+        how = "it is not the session's current run"
+        if last is not None and last["operationId"] == self.operation_id:
+            error = last.get("error")
+            why = f" ({error['code']}: {error['message']})" if isinstance(error, Mapping) else ""
+            how = f"it finished {last['outcome']}{why}"
+        if self.restarted_as is not None:
+            how = f"it was restarted as run {self.restarted_as} ({how})"
+        raise RunOverError(self.operation_id, how)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.operation_id}>"
@@ -330,6 +247,33 @@ class ToolCallBase:
         self.start = start
         self.begun = begun
         """Whether its intent is durable (a replay's, and every one with `intents="step"`)."""
+        self.by_caller = False
+        """Whether `begin()` was called: the tool is the program's to run, `run()` is refused."""
+        self.tool_ran = False
+        """Whether `run()` ran its tool in this process (it never runs twice)."""
+
+    def check_can_record(self, state: SessionState) -> None:
+        """Refused (nothing run, nothing written) once the log holds the call's outcome."""
+        if has_result(state, self.start):
+            raise RuntimeStateError(
+                f"call {self.index} ({self.name}) has its result already: its tool runs once "
+                "(one outcome per call)"
+            )
+
+    def check_can_run(self, state: SessionState) -> None:
+        """What `run()` checks before the tool runs: no outcome in the log, not run by this
+        handle before, not begun by the caller (whose tool it then is)."""
+        self.check_can_record(state)
+        if self.tool_ran:
+            raise RuntimeStateError(
+                f"call {self.index} ({self.name}): its tool ran already in this process, its result is "
+                "unknown (resume() settles it)"
+            )
+        if self.by_caller:
+            raise RuntimeStateError(
+                f"call {self.index} ({self.name}) was begun with begin(): its tool is the program's to run "
+                "(finish(output) it), run() would run it again"
+            )
 
     def _check_begun(self) -> None:
         if not self.begun:
@@ -386,6 +330,8 @@ class SessionBase:
         ):
             if not isinstance(value, str):
                 raise TypeError(f"{name} is a string, not {type(value).__name__}")
+        if not model.strip():
+            raise ValueError("model names the model: a non-empty string")
         if environment is not None and not isinstance(environment, str):
             raise TypeError(f"environment is a string or None, not {type(environment).__name__}")
         if output_options is not None and not isinstance(output_options, Mapping):
@@ -437,6 +383,7 @@ class Session(SessionBase):
 
     def start(self, prompt: str) -> Run:
         """Accept a prompt: its user entry and the run that answers it, in one transaction."""
+        check_prompt(prompt)
         if not self.state.is_idle:
             raise RuntimeStateError("a run is in progress: resume() or finish it first")
         _, run = self.store.commit(build.accept_prompt(prompt))
@@ -470,25 +417,31 @@ def replay_start(state: SessionState, plan: Mapping[str, Any]) -> ToolStart:
 
 
 class Run(RunBase):
-    """The run in progress (one accepted prompt)."""
+    """The run in progress (one accepted prompt); its steps raise `RunOverError` once it is over."""
 
     session: Session
+
+    def _state(self) -> SessionState:
+        return self.check_current(self.session.state)
 
     @property
     def needs_model(self) -> bool:
         """Whether the next step is a model request (`attempt()`); False once the model answered
         without tool calls (`finish()`), or when the run is blocked or over."""
-        return needs_model(self.session.state, self.session.configuration)
+        state = self.session.state
+        return self.is_current(state) and needs_model(state, self.session.configuration)
 
     @property
     def blocked(self) -> Blocked | None:
-        """Why the run cannot go on by itself and the ways out (a `Blocked`), else None."""
-        return blocked(self.session.state, self.session.configuration)
+        """Why the run cannot go on by itself and the ways out (a `Blocked`), else None (also
+        once the run is over)."""
+        state = self.session.state
+        return blocked(state, self.session.configuration) if self.is_current(state) else None
 
     def end(self) -> dict[str, Any]:
-        """End a blocked run truthfully (see `runtime_blocked`): `failed` when a model attempt
-        is open, else `aborted`. Its outcome."""
-        facts, _ = blocked_end_facts(self.session.state, self.session.configuration)
+        """End a blocked run truthfully (see `runtime_blocked`): `abortRequested`, the run then
+        finishes `aborted`. Its outcome."""
+        facts, _ = blocked_end_facts(self._state(), self.session.configuration)
         self.session.store.commit(facts)
         self.session.open_attempt_id = None
         recover(self.session.store, self.session.configuration.current, in_order=True)
@@ -496,13 +449,15 @@ class Run(RunBase):
 
     def restart(self) -> Run:
         """End a blocked run truthfully (`end()`) and ask its prompt again: the new run."""
-        _, prompt = blocked_end_facts(self.session.state, self.session.configuration)
+        _, prompt = blocked_end_facts(self._state(), self.session.configuration)
         self.end()
-        return self.session.start(prompt)
+        new = self.session.start(prompt)
+        self.restarted_as = new.operation_id
+        return new
 
     def attempt(self) -> Attempt:
         """Record the model attempt (attempt 2 of the same step after a crash) before the request."""
-        state = self.session.state
+        state = self._state()
         check_no_open_attempt(self.session, state)
         (fact,) = self.session.store.commit(attempt_facts(state, self.session.configuration))
         self.session.open_attempt_id = fact["record"]["attemptId"]
@@ -516,7 +471,7 @@ class Run(RunBase):
         session = self.session
         step = session.intents == "step"
         facts, starts = tool_facts(
-            session.state, session.tools, session.configuration.current, intents=session.intents
+            self._state(), session.tools, session.configuration.current, intents=session.intents
         )
         if facts:
             session.store.commit(facts)
@@ -524,13 +479,13 @@ class Run(RunBase):
 
     def finish(self) -> dict[str, Any]:
         """End the run as the planner says (completed, normal or truncated); its outcome."""
-        self.session.store.commit(finish_facts(self.session.state, self.session.configuration))
+        self.session.store.commit(finish_facts(self._state(), self.session.configuration))
         return self.session.state.last_finished or {}
 
     def abort(self) -> dict[str, Any]:
         """End the run as aborted: `abortRequested`, then the synthetic results and the finish
         recovery plans from it. Its outcome."""
-        facts = abort_facts(self.session.state)
+        facts = abort_facts(self._state())
         if facts:
             self.session.store.commit(facts)
         recover(self.session.store, self.session.configuration.current)
@@ -560,31 +515,55 @@ class Attempt(AttemptBase):
 
 
 class ToolCall(ToolCallBase):
+    """One call: `run()` once, or `begin()`, the program's own tool run, `finish(output)`.
+    Each refuses (nothing run, nothing written) once the log holds the call's outcome."""
+
     session: Session
 
     def begin(self) -> None:
-        """Commit the call's intent (once): from here on its effect may have happened."""
+        """Commit the call's intent (once): from here on its effect may have happened, and the
+        tool is the program's to run (`run()` is refused)."""
+        self._begin()
+        self.by_caller = True
+
+    def _begin(self) -> None:
         if not self.begun:
             self.session.store.commit(begin_facts(self.session.state, self.start))
             self.begun = True
 
     def run(self) -> str:
         """Commit its intent, run the declared tool and record its output (an `Exception` is
-        recorded as an error result; anything else, a kill, leaves the intent pending)."""
-        self.begin()
+        recorded as an error result; anything else, a kill, leaves the intent pending). Refused
+        before the tool runs when the call has its outcome, or its tool ran already."""
+        self.check_can_run(self.session.state)
+        self._begin()
+        self.tool_ran = True
         try:
             output = self.session.tools[self.name].run(self.arguments)
         except Exception as error:
-            self.fail(failure_text(error))
-            return failure_text(error)
+            return self._record(failure_text(error), False, None)
         text, ok = tool_output(self.name, output)
-        self.finish(text, ok=ok)
-        return text
+        return self._record(text, ok, None)
 
     def finish(self, output: str, *, ok: bool = True, usage: Mapping[str, int] | None = None) -> None:
         """Record the tool's output (and its usage) in one transaction (after `begin`)."""
         self._check_begun()
-        self.session.store.commit(result_facts(self.start, output, ok, usage))
+        if self.tool_ran:
+            self.check_can_run(self.session.state)
+        self._record(output, ok, usage)
 
     def fail(self, message: str) -> None:
         self.finish(message, ok=False)
+
+    def _record(self, output: str, ok: bool, usage: Mapping[str, int] | None) -> str:
+        """The result; an output above the store's line limit as an error result saying so."""
+        store = self.session.store
+        self.check_can_record(store.load())
+        try:
+            store.commit(result_facts(self.start, output, ok, usage))
+        except ValueError as error:
+            if not oversized(error):
+                raise
+            output = oversized_text(output, error)
+            store.commit(result_facts(self.start, output, False, usage))
+        return output

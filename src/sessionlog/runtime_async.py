@@ -1,5 +1,10 @@
 """The durable agent loop over an async store: `AsyncSession`, the twin of `runtime.Session`
-(same methods, awaited; a tool's `run` may be a coroutine function). See `runtime`."""
+(same methods, awaited; a tool's `run` may be a coroutine function). See `runtime`.
+
+`run.blocked` and `run.needs_model` are properties, as in the sync runtime: they are read from
+the state the session holds in hand (`AsyncSession.known`), which every awaited step of this
+session refreshes after its commit; a write to the store by other code is seen after the next
+awaited step (or `await session.state()`)."""
 
 from __future__ import annotations
 
@@ -16,10 +21,8 @@ from .runtime import (
     RuntimeStateError,
     SessionBase,
     ToolCallBase,
-    ToolCallInput,
     abort_facts,
     attempt_facts,
-    begin_facts,
     blocked,
     blocked_end_facts,
     check_no_open_attempt,
@@ -28,10 +31,17 @@ from .runtime import (
     needs_model,
     replay_start,
     result_facts,
+)
+from .runtime_blocked import Blocked
+from .runtime_facts import (
+    ToolCallInput,
+    begin_facts,
+    check_prompt,
+    oversized,
+    oversized_text,
     settle_facts,
     tool_facts,
 )
-from .runtime_blocked import Blocked
 from .tools import tool_output
 
 
@@ -40,14 +50,26 @@ class AsyncSession(SessionBase):
     arguments are `SessionBase`'s."""
 
     store: AsyncStore
+    known: SessionState | None = None
+    """The state this session last read or committed: what `AsyncRun.blocked` and `needs_model`
+    are read from without awaiting."""
 
     async def state(self) -> SessionState:
-        return await self.store.load()
+        self.known = await self.store.load()
+        return self.known
+
+    async def commit(self, facts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Commit through the store, then refresh `known`."""
+        try:
+            return await self.store.commit(facts)
+        finally:
+            await self.state()
 
     async def start(self, prompt: str) -> AsyncRun:
+        check_prompt(prompt)
         if not (await self.state()).is_idle:
             raise RuntimeStateError("a run is in progress: resume() or finish it first")
-        _, run = await self.store.commit(build.accept_prompt(prompt))
+        _, run = await self.commit(build.accept_prompt(prompt))
         return AsyncRun(self, run["record"]["operationId"])
 
     async def resume(self) -> AsyncRun | None:
@@ -55,7 +77,7 @@ class AsyncSession(SessionBase):
         current = self.configuration.current
         while True:
             plan = await recover_async(self.store, current, in_order=True)
-            state = await self.store.load()
+            state = await self.state()
             if state.is_idle:
                 return None
             if plan["type"] != "startTool":
@@ -70,48 +92,63 @@ class AsyncSession(SessionBase):
 class AsyncRun(RunBase):
     session: AsyncSession
 
-    async def needs_model(self) -> bool:
-        return needs_model(await self.session.state(), self.session.configuration)
+    async def _state(self) -> SessionState:
+        return self.check_current(await self.session.state())
 
-    async def blocked(self) -> Blocked | None:
-        return blocked(await self.session.state(), self.session.configuration)
+    def _known(self) -> SessionState | None:
+        known = self.session.known
+        return known if known is not None and self.is_current(known) else None
+
+    @property
+    def needs_model(self) -> bool:
+        """As `Run.needs_model`, from the state in hand (`AsyncSession.known`)."""
+        known = self._known()
+        return known is not None and needs_model(known, self.session.configuration)
+
+    @property
+    def blocked(self) -> Blocked | None:
+        """As `Run.blocked`, from the state in hand (`AsyncSession.known`)."""
+        known = self._known()
+        return None if known is None else blocked(known, self.session.configuration)
 
     async def end(self) -> dict[str, Any]:
-        facts, _ = blocked_end_facts(await self.session.state(), self.session.configuration)
-        await self.session.store.commit(facts)
+        facts, _ = blocked_end_facts(await self._state(), self.session.configuration)
+        await self.session.commit(facts)
         self.session.open_attempt_id = None
         await recover_async(self.session.store, self.session.configuration.current, in_order=True)
         return (await self.session.state()).last_finished or {}
 
     async def restart(self) -> AsyncRun:
-        _, prompt = blocked_end_facts(await self.session.state(), self.session.configuration)
+        _, prompt = blocked_end_facts(await self._state(), self.session.configuration)
         await self.end()
-        return await self.session.start(prompt)
+        new = await self.session.start(prompt)
+        self.restarted_as = new.operation_id
+        return new
 
     async def attempt(self) -> AsyncAttempt:
-        state = await self.session.state()
+        state = await self._state()
         check_no_open_attempt(self.session, state)
-        (fact,) = await self.session.store.commit(attempt_facts(state, self.session.configuration))
+        (fact,) = await self.session.commit(attempt_facts(state, self.session.configuration))
         self.session.open_attempt_id = fact["record"]["attemptId"]
         return AsyncAttempt(self, fact["record"])
 
     async def start_tools(self) -> list[AsyncToolCall]:
         session = self.session
         facts, starts = tool_facts(
-            await session.state(), session.tools, session.configuration.current, intents=session.intents
+            await self._state(), session.tools, session.configuration.current, intents=session.intents
         )
         if facts:
-            await session.store.commit(facts)
+            await session.commit(facts)
         return [AsyncToolCall(session, start, begun=session.intents == "step") for start in starts]
 
     async def finish(self) -> dict[str, Any]:
-        await self.session.store.commit(finish_facts(await self.session.state(), self.session.configuration))
+        await self.session.commit(finish_facts(await self._state(), self.session.configuration))
         return (await self.session.state()).last_finished or {}
 
     async def abort(self) -> dict[str, Any]:
-        facts = abort_facts(await self.session.state())
+        facts = abort_facts(await self._state())
         if facts:
-            await self.session.store.commit(facts)
+            await self.session.commit(facts)
         await recover_async(self.session.store, self.session.configuration.current)
         return (await self.session.state()).last_finished or {}
 
@@ -127,14 +164,14 @@ class AsyncAttempt(AttemptBase):
         usage: Mapping[str, int] | None = None,
         stop_reason: str | None = None,
     ) -> None:
-        store = self.run.session.store
-        await store.commit(
-            settle_facts(await store.load(), self.record, content, tool_calls, usage, stop_reason)
+        session = self.run.session
+        await session.commit(
+            settle_facts(await session.state(), self.record, content, tool_calls, usage, stop_reason)
         )
-        self.run.session.open_attempt_id = None
+        session.open_attempt_id = None
 
     async def fail(self, code: str, message: str) -> None:
-        await self.run.session.store.commit(self._failed(code, message))
+        await self.run.session.commit(self._failed(code, message))
         self.run.session.open_attempt_id = None
 
 
@@ -142,26 +179,43 @@ class AsyncToolCall(ToolCallBase):
     session: AsyncSession
 
     async def begin(self) -> None:
+        await self._begin()
+        self.by_caller = True
+
+    async def _begin(self) -> None:
         if not self.begun:
-            await self.session.store.commit(begin_facts(await self.session.state(), self.start))
+            await self.session.commit(begin_facts(await self.session.state(), self.start))
             self.begun = True
 
     async def run(self) -> str:
-        await self.begin()
+        self.check_can_run(await self.session.state())
+        await self._begin()
+        self.tool_ran = True
         try:
             output = self.session.tools[self.name].run(self.arguments)
             if inspect.isawaitable(output):
                 output = await output
         except Exception as error:
-            await self.fail(failure_text(error))
-            return failure_text(error)
+            return await self._record(failure_text(error), False, None)
         text, ok = tool_output(self.name, output)
-        await self.finish(text, ok=ok)
-        return text
+        return await self._record(text, ok, None)
 
     async def finish(self, output: str, *, ok: bool = True, usage: Mapping[str, int] | None = None) -> None:
         self._check_begun()
-        await self.session.store.commit(result_facts(self.start, output, ok, usage))
+        if self.tool_ran:
+            self.check_can_run(await self.session.state())
+        await self._record(output, ok, usage)
 
     async def fail(self, message: str) -> None:
         await self.finish(message, ok=False)
+
+    async def _record(self, output: str, ok: bool, usage: Mapping[str, int] | None) -> str:
+        self.check_can_record(await self.session.state())
+        try:
+            await self.session.commit(result_facts(self.start, output, ok, usage))
+        except ValueError as error:
+            if not oversized(error):
+                raise
+            output = oversized_text(output, error)
+            await self.session.commit(result_facts(self.start, output, False, usage))
+        return output

@@ -6,10 +6,10 @@ declaration changed under an open step or a pending tool. The runtime never gues
 it offers three ways out:
 
 * `restart`: end the run truthfully and ask its prompt again as a new run (`Run.restart()`);
-* `end`: end the run truthfully (`Run.end()`): an open model attempt is closed as failed with
-  the reason as its error code (the run then finishes `failed`: its answer never came); a
-  pending tool is settled as *interrupted* and the rest as *aborted* (`abortRequested`, the run
-  finishes `aborted`). Both are the contract's own terminal paths (rules 2 and 4);
+* `end`: end the run truthfully (`Run.end()`): `abortRequested`, as `sessionlog abort` writes;
+  an open model attempt is then closed with error `aborted` ("Operation aborted"), a pending
+  tool is settled as *interrupted* and the rest as *aborted*, and the run finishes `aborted`
+  (contract rule 2). No record claims a provider request failed;
 * `keep`: leave it for a person (`sessionlog plan FILE`, `sessionlog abort FILE`).
 """
 
@@ -34,7 +34,7 @@ EXPLANATIONS = {
 
 WAYS_OUT = {
     "restart": "run.restart(): end the run truthfully and ask its prompt again as a new run",
-    "end": "run.end(): end the run truthfully (failed or aborted), nothing more",
+    "end": "run.end(): end the run truthfully (aborted), nothing more",
     "keep": "leave it for a person: sessionlog plan FILE, sessionlog abort FILE",
 }
 
@@ -60,15 +60,11 @@ class Blocked:
 
 
 def end_facts(state: SessionState, blocked: Blocked) -> list[dict[str, Any]]:
-    """The first transaction of `Run.end()`: `stepFailed` for an open attempt (its reason as the
-    error code), else `abortRequested`; recovery then plans the rest and the finish."""
-    step = state.open_attempt
-    if step is not None:
-        return [
-            build.step_failed(
-                step["operationId"], step["stepId"], step["attemptId"], blocked.reason, blocked.explanation
-            )
-        ]
+    """The first transaction of `Run.end()`: `abortRequested` (phase `tool` naming the first
+    pending call, else `model`), as `sessionlog abort` writes for the same state; recovery then
+    closes an open attempt as `aborted`, settles a pending tool as *interrupted* and the rest as
+    *aborted*, and finishes the run `aborted` (contract rule 2). Nothing claims a request failed:
+    the blocked reason is the caller's to log (the contract's abort reason is always `escape`)."""
     operation = state.current_operation
     assert operation is not None  # a blocked plan is of a running operation
     pending = sorted(state.pending_tools, key=lambda tool: tool["toolIndex"])
