@@ -24,13 +24,20 @@ import sys
 import tempfile
 from pathlib import Path
 
+# The bench's transaction (`sessionlog.bench.shapes`): one user message, a ~550-byte line.
+HEADER = {"provider": "bench", "model": "bench", "cwd": "/bench"}
+TEXT = "x" * 380
+
 WARM_UP = 200
 
 
 def commit_loop(backend: str, commits: int, postgres: str | None) -> None:
     """The measured program: open a store, warm up, then `commits` commits."""
     import sessionlog
-    from sessionlog.bench.shapes import HEADER, transaction
+    from sessionlog.core import facts as F
+
+    def transaction(index: int, _: int) -> list[dict[str, object]]:
+        return [F.user_message(f"{index}:0 {TEXT}")]
 
     folder = tempfile.mkdtemp(prefix="commit-instructions-")
     if backend == "postgres":

@@ -24,6 +24,10 @@ import sys
 import time
 from pathlib import Path
 
+# The bench's transaction (`sessionlog.bench.shapes`): one user message, a ~550-byte line.
+HEADER = {"provider": "bench", "model": "bench", "cwd": "/bench"}
+TEXT = "x" * 380
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -37,7 +41,10 @@ def main() -> None:
     import psycopg
 
     import sessionlog
-    from sessionlog.bench.shapes import HEADER, transaction
+    from sessionlog.core import facts as F
+
+    def transaction(index: int, _: int) -> list[dict[str, object]]:
+        return [F.user_message(f"{index}:0 {TEXT}")]
 
     server = None
     url = args.postgres
