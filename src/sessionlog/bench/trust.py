@@ -17,9 +17,10 @@ from typing import Any
 
 MOVED = 0.5  # a ceiling whose rounds spread by more than half its median moved
 # Shape h at --full (10,000 sessions, 5 rounds) over its quick time (1,000 sessions, 3 rounds):
-# measured, not derived (each open of a directory's session lists the directory, so claiming
-# 10x the sessions in a 10x larger directory costs far more than 10x).
-RESTART_FULL = 30.0
+# measured, not derived: 517 s over 13.8 s on 2 CPUs at load 5-7 (2026-12-02). Each open of a
+# directory's session lists the directory, so claiming 10x the sessions in a 10x larger
+# directory costs far more than 10x.
+RESTART_FULL = 37.0
 
 
 def spread(row: Mapping[str, Any]) -> float:
