@@ -238,3 +238,42 @@ def test_an_empty_model_and_a_prompt_not_text_are_refused(tmp_path: Path) -> Non
     session = sessionlog.Session(store, model="m", tools=[])
     with pytest.raises(TypeError, match="prompt"):
         session.start(None)  # type: ignore[arg-type]
+
+
+# -- 6: the CLI says idle once a run is finished -----------------------------------------------
+
+
+def _pending_write(path: Path) -> None:
+    store = sessionlog.create(path, "jsonl", **HEADER)
+    session = sessionlog.Session(store, model="m", tools=[sessionlog.Tool("bash", Counted())])
+    run = session.start("go")
+    _one_call(run)
+    (call,) = run.start_tools()
+    call.begin()  # ... and the process dies
+    store.close()
+
+
+def test_abort_and_recover_json_give_no_plan_once_the_run_is_over(cli: Any, tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    _pending_write(path)
+    aborted = cli("abort", path, "--json")
+    assert aborted.code == 0, aborted.err
+    value = aborted.json()
+    assert value["finished"]["outcome"] == "aborted" and value["plan"] is None
+    assert cli("recover", path, "--json").json()["plan"] is None
+    # plan --json is the contract's planner: rule 1's plan for idle (the shared fixture finish-idle)
+    planned = cli("plan", path, "--json")
+    assert planned.code == 0 and planned.json() == {
+        "type": "finish",
+        "outcome": "completed",
+        "completion": "normal",
+    }
+    assert "idle" in cli("plan", path).out
+
+
+def test_plan_with_a_missing_current_file_names_a_configuration_file(cli: Any, tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    _pending_write(path)
+    run = cli("plan", path, "--current", tmp_path / "absent.json")
+    assert run.code == 2
+    assert "no session" not in run.err and "configuration file" in run.err

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -109,6 +110,8 @@ def session_current(state: SessionState) -> tuple[dict[str, Any], str]:
 def _current_for(args: argparse.Namespace) -> Callable[[SessionState], tuple[dict[str, Any], str | None]]:
     """The configuration to plan with: --current's file, or the session's own (with a note)."""
     if args.current is not None:
+        if not os.path.lexists(args.current):
+            raise UsageError(f"--current {args.current}: cannot read it: no such configuration file")
         given = load_current(args.current)
         return lambda state: (given, None)
     return session_current
@@ -129,7 +132,7 @@ def cmd_plan(args: argparse.Namespace, registry: Registry) -> int:
     current, note = current_for(state)
     plan = plan_in_order(state, current)
     if args.json:
-        out_json(plan)
+        out_json(plan)  # the contract's plan, idle's too (rule 1; the shared fixture finish-idle)
     else:
         _note(args, note)
         out(f"{args.file}: {describe_plan(plan, idle=state.is_idle)}")
@@ -209,7 +212,8 @@ def _run_recovery(args: argparse.Namespace, registry: Registry, first: AbortFact
     # the run these commits ended (not the idle plan after it: "nothing to do", "completed")
     ended = state.last_finished if state.is_idle and done else None
     if args.json:
-        value = {"dryRun": getattr(args, "dry_run", False), "committed": done, "plan": plan}
+        left = None if state.is_idle else plan  # idle once finished: no plan left
+        value = {"dryRun": getattr(args, "dry_run", False), "committed": done, "plan": left}
         value["currentFrom"] = "file" if args.current is not None else "session"
         if ended is not None:
             value["finished"] = ended
