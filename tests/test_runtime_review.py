@@ -277,3 +277,45 @@ def test_plan_with_a_missing_current_file_names_a_configuration_file(cli: Any, t
     run = cli("plan", path, "--current", tmp_path / "absent.json")
     assert run.code == 2
     assert "no session" not in run.err and "configuration file" in run.err
+
+
+def test_a_kill_like_exception_in_the_tool_leaves_it_never_run_again_by_its_handle(tmp_path: Path) -> None:
+    runs = [0]
+
+    def bash(arguments: dict[str, Any]) -> str:
+        runs[0] += 1
+        raise KeyboardInterrupt
+
+    store = sessionlog.create(tmp_path / "s.jsonl", "jsonl", **HEADER)
+    session = sessionlog.Session(store, model="m", tools=[sessionlog.Tool("bash", bash)])
+    run = session.start("go")
+    _one_call(run)
+    (call,) = run.start_tools()
+    with pytest.raises(KeyboardInterrupt):
+        call.run()
+    with pytest.raises(RuntimeStateError, match="ran already"):
+        call.run()
+    with pytest.raises(RuntimeStateError, match="ran already"):
+        call.finish("made up")
+    assert runs == [1] and len(session.state.pending_tools) == 1
+    again = session.resume()  # the never tool is settled as interrupted, not run
+    assert again is not None and runs == [1] and again.needs_model
+
+
+def test_the_async_twins_handle_is_tied_to_its_run(tmp_path: Path) -> None:
+    async def main() -> None:
+        store = await sessionlog.create_async(tmp_path / "s.jsonl", "jsonl-async", **HEADER)
+        session = sessionlog.AsyncSession(store, model="m", tools=[])
+        old = await session.start("first")
+        await (await old.attempt()).settle("done")
+        assert not old.needs_model  # the state in hand after settle
+        await old.finish()
+        new = await session.start("second")
+        assert new.needs_model and not old.needs_model and old.blocked is None
+        with pytest.raises(RunOverError, match="finished completed"):
+            await old.attempt()
+        await (await new.attempt()).settle("done")
+        assert (await new.finish())["outcome"] == "completed"
+        await store.close()
+
+    asyncio.run(main())
