@@ -319,3 +319,22 @@ def test_the_async_twins_handle_is_tied_to_its_run(tmp_path: Path) -> None:
         await store.close()
 
     asyncio.run(main())
+
+
+def test_async_an_output_above_the_line_limit_is_an_error_result(tmp_path: Path) -> None:
+    async def main() -> str:
+        store = await sessionlog.create_async(
+            tmp_path / "s.jsonl", "jsonl-async", **HEADER, max_line_bytes=100_000
+        )
+        tools = [sessionlog.Tool("read", lambda arguments: "y" * 200_000, replay="safe")]
+        session = sessionlog.AsyncSession(store, model="m", tools=tools)
+        run = await session.start("go")
+        await (await run.attempt()).settle(None, [{"id": "1", "name": "read", "arguments": {}}])
+        (call,) = await run.start_tools()
+        text = await call.run()
+        assert run.needs_model
+        await store.close()
+        return text
+
+    text = asyncio.run(main())
+    assert "200000 bytes" in text and "not recorded" in text

@@ -23,7 +23,10 @@ never run twice), always settling a pending call before a later call of its step
 there is nothing to resume. A blocked run (attempt 2's answer is unknown too, or the
 configuration, environment or a replay declaration changed) is never stuck: `run.blocked` is a
 `Blocked` value with the reason and the ways out, `run.restart()`, `run.end()`, or keep it for a
-person (`runtime_blocked`); a step of a blocked run raises `RunBlockedError`. docs/agent-loop.md.
+person (`runtime_blocked`); a step of a blocked run raises `RunBlockedError`. A call's tool runs
+once: `run()` and `finish()` read the log and refuse (nothing run) once the call has its outcome;
+an output too long for the store's lines is recorded as an error result saying its size. A `Run`
+is tied to its run: once over, its steps raise `RunOverError`. docs/agent-loop.md.
 
 The declarations (`sessionlog.tools`) make both the attempt's configuration snapshot and the
 planner's current configuration, so they cannot disagree. `AsyncSession` (in `runtime_async`)
