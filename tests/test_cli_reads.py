@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import sessionlog
 
 
 def _sqlite_repository(path: Path, sessions: int) -> list[str]:
-    repo = sessionlog.repository(f"sqlite:///{path}")
+    repo = sessionlog.repository(f"sqlite:///{urllib.parse.quote(str(path))}")
     ids = []
     for _ in range(sessions):
         with repo.create(provider="p", model="m", cwd="/w") as store:
@@ -79,3 +80,53 @@ def test_a_fifo_is_refused_not_read(cli: Any, tmp_path: Path) -> None:
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
     assert done, "inspect blocked on a FIFO"
     assert done[0].code == 2 and "not a regular file" in done[0].err
+
+
+def test_a_hash_inside_a_url_is_refused_and_no_part_of_a_password_shown(cli: Any) -> None:
+    """Found by review: a '#' inside a password split the URL there, and the suggestion showed
+    the password's first part unmasked (`postgresql://bob:pa#SESSION_ID`)."""
+    for command in ("inspect", "verify", "plan", "export", "rm"):
+        run = cli(command, "postgresql://bob:pa#ssWORD@127.0.0.1:1/db")
+        assert run.code == 2, (command, run.err)
+        assert "bob:pa" not in run.out + run.err and "ssWORD" not in run.out + run.err, run.err
+
+
+def test_ls_reads_a_sqlite_database_given_as_a_path(cli: Any, tmp_path: Path) -> None:
+    database = tmp_path / "odd#name.db"
+    (session_id,) = _sqlite_repository(database, 1)
+    run = cli("ls", database)
+    assert run.code == 0, run.err
+    assert session_id in run.out
+
+
+def test_a_corrupt_sqlite_database_is_a_bad_session_not_a_usage_error(cli: Any, tmp_path: Path) -> None:
+    damaged = tmp_path / "damaged.db"
+    damaged.write_bytes(b"SQLite format 3\x00" + b"\x07" * 3000)
+    run = cli("verify", damaged)
+    assert run.code == 1 and "not a usable SQLite database" in run.err, (run.code, run.err)
+
+
+def test_convert_labels_a_repository_session_by_its_repository(cli: Any, tmp_path: Path) -> None:
+    database = tmp_path / "sessions.db"
+    (session_id,) = _sqlite_repository(database, 1)
+    run = cli("convert", f"sqlite:///{database}#{session_id}", tmp_path / "copy.jsonl", "--to", "jsonl")
+    assert run.code == 0, run.err
+    assert "(SQLite repository) ->" in run.out
+
+
+def test_export_into_a_missing_folder_is_a_usage_error_naming_the_file(cli: Any, tmp_path: Path) -> None:
+    database = tmp_path / "sessions.db"
+    (session_id,) = _sqlite_repository(database, 1)
+    target = tmp_path / "nowhere" / "x.jsonl"
+    run = cli("export", f"sqlite:///{database}#{session_id}", "-o", target)
+    assert run.code == 2 and str(target) in run.err and ".converting" not in run.err, run.err
+    assert not target.parent.exists()
+
+
+def test_import_names_the_file_a_bad_session_came_from(cli: Any, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    repository = tmp_path / "repo"
+    repository.mkdir()
+    run = cli("import", repository, empty)
+    assert run.code == 1 and str(empty) in run.err and "<bytes>" not in run.err, run.err

@@ -210,7 +210,9 @@ def test_the_async_writer_replaces_a_connection_dropped_while_idle(
     url = postgres_server.new_database()
 
     async def main() -> None:
-        repo = await sessionlog.repository_async(url)
+        # a lease that outlasts the restart's crash recovery, however loaded the machine (it took
+        # over 30 s beside other work): this test is about the connection, not the lease
+        repo = await sessionlog.repository_async(url, lease_seconds=600)
         first, second = await repo.create(**HEADER), await repo.create(**HEADER)
         await first.commit(F.accept_prompt("first"))
         await second.commit(F.accept_prompt("second"))
@@ -256,7 +258,9 @@ def test_an_async_batch_whose_connection_breaks_at_commit_is_an_unknown_outcome(
         real_commit(connection)
 
     async def main() -> None:
-        repo = await sessionlog.repository_async(url)
+        # a lease that outlasts the restart's crash recovery, however loaded the machine (it took
+        # over 30 s beside other work): this test is about the connection, not the lease
+        repo = await sessionlog.repository_async(url, lease_seconds=600)
         first, second = await repo.create(**HEADER), await repo.create(**HEADER)
         await first.commit(F.accept_prompt("first"))
         await second.commit(F.accept_prompt("second"))
@@ -301,7 +305,7 @@ def test_a_sync_store_used_after_its_repository_closed_was_not_written(
 
 def test_a_sync_repository_goes_on_after_a_server_restart(postgres_server: PostgresServer) -> None:
     url = postgres_server.new_database()
-    with sessionlog.repository(url) as repo:
+    with sessionlog.repository(url, lease_seconds=600) as repo:  # outlasts a slow crash recovery
         store = repo.create(**HEADER)
         store.commit(F.accept_prompt("before the restart"))
         session_id = store.load().session_id

@@ -91,11 +91,12 @@ def test_a_page_renders_and_search_finds_a_word_of_another_page(site: Path) -> N
         try:
             page = browser.new_page()
             page.on("pageerror", lambda error: errors.append(str(error)))
+            page.set_default_timeout(90_000)  # beside other work, the search index builds slowly
             page.goto(f"{url}/repositories/")
             assert page.locator("h1").first.inner_text().startswith("Repositories")
             assert page.locator("nav.md-nav").first.is_visible()
             page.fill("input.md-search__input", "pg_terminate_backend")
-            page.wait_for_selector(".md-search-result__item", timeout=15_000)
+            page.wait_for_selector(".md-search-result__item", timeout=90_000)  # a loaded machine is slow
             found = " ".join(page.locator(".md-search-result__item").all_inner_texts())
             assert "PostgreSQL" in found, found[:500]
         finally:

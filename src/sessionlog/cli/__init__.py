@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import sys
 from collections.abc import Sequence
@@ -259,7 +260,8 @@ def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None)
         return COMMANDS[args.command](args, registry)
     except _USAGE_ERRORS as error:
         say_error(args.command, _message(error))
-        return 2
+        damaged = isinstance(error, SessionPathError) and error.errno == errno.EBADMSG  # a corrupt database
+        return EXIT_BAD_SESSION if damaged else EXIT_USAGE
     except _BAD_SESSION as error:
         say_error(args.command, _message(error))
         return 1

@@ -18,7 +18,7 @@ from ..maintenance import link_into_place, remove_copy, remove_stale_copies
 from ..plugins.registry import Registry
 from .new_database import settle, writing_into
 from .output import Progress, out
-from .sessions import Mismatch, UsageError, load_session
+from .sessions import Mismatch, UsageError, load_session, stored_by
 
 _CHUNK_BYTES = 4 << 20
 
@@ -109,7 +109,7 @@ def cmd_convert(args: argparse.Namespace, registry: Registry) -> int:
     torn = len(data) - end
     note = f"; dropped a torn tail of {torn:,} bytes (uncommitted)" if torn else ""
     out(
-        f"converted {args.src} ({args.backend}) -> {args.dst} ({args.to}): "
+        f"converted {args.src} ({stored_by(args.src, args.backend, registry)}) -> {args.dst} ({args.to}): "
         f"{len(body):,} transactions, last seq {state.last_seq}, {end:,} bytes{note}"
     )
     return 0

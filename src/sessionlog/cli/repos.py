@@ -6,12 +6,13 @@ which inspect, verify, reduce, plan, recover and abort accept too."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from ..backends.jsonl_file import read_session_file
-from ..core.errors import shown
+from ..core.errors import CorruptionError, shown
 from ..maintenance import remove_stale_copies, write_into_place
 from ..plugins.registry import Registry
 from .describe import created_text
@@ -77,6 +78,12 @@ def _row(info: Any) -> dict[str, Any]:
 
 def cmd_export(args: argparse.Namespace, registry: Registry) -> int:
     location, session_id = _session(args.session)
+    if args.output:  # checked before anything is read: where it would go, by the name given
+        folder = Path(args.output).parent
+        if not folder.is_dir():
+            raise UsageError(f"-o {args.output}: no directory {folder} to write it in (nothing was written)")
+        if os.path.lexists(args.output):
+            raise UsageError(f"-o {args.output}: already exists (nothing was written)")
     with open_repository(location, registry) as repository:
         data = repository.export(session_id)
     if args.output:
@@ -91,7 +98,10 @@ def cmd_export(args: argparse.Namespace, registry: Registry) -> int:
 def cmd_import(args: argparse.Namespace, registry: Registry) -> int:
     data = read_session_file(args.file)
     with writing_into(args.location, registry) as repository:
-        session_id = repository.import_(data, labels=args.label)
+        try:
+            session_id = repository.import_(data, labels=args.label)
+        except CorruptionError as error:  # named by the file it came from, not "<bytes>"
+            raise error.located(args.file) from None
     out(f"imported {args.file} as {args.location}#{session_id}")
     return 0
 

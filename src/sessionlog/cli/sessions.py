@@ -131,6 +131,12 @@ def check_session_name(name: str) -> None:
     to name one of its sessions, rather than look for a file of that name; a SQLite database
     that does not exist is said not to exist."""
     if "://" in name and not in_repository(name):
+        tail = name.rpartition("#")[2]
+        if "#" in name and ("@" in tail or "/" in tail):  # a `#` inside the URL itself (a password?)
+            raise UsageError(
+                "a '#' inside a location must be written %23 (in a password too); "
+                "a session is named after the location as LOCATION#SESSION_ID"
+            )
         location = name.rpartition("#")[0] or name  # `DB#` or `DB#not-an-id`: DB is meant
         if not os.path.lexists(sqlite_file(location) or "."):
             raise UsageError(f"{location} does not exist (nothing was created)")
@@ -172,6 +178,10 @@ def open_repository(location: str, registry: Registry, *, create: bool = False) 
             "a SQLite URL is sqlite:///relative/path.db or sqlite:////absolute/path.db, "
             f"not {masked(location)}"
         )
+    if "://" not in location and backend_of(location) == "sqlite":  # `ls sessions.db`: what it is
+        import urllib.parse
+
+        location = "sqlite:///" + urllib.parse.quote(location)  # ./x.db, or /abs (four slashes)
     if sqlite_file(location) is not None and "#" in location:  # `ls sqlite:///r.db#x`
         raise UsageError(
             f"{masked(location)}: a repository is named without '#...' (a '#' in a file's name is %23)"

@@ -449,6 +449,8 @@ _ERRNO = {
     sqlite3.SQLITE_PERM: errno.EACCES,
     sqlite3.SQLITE_CANTOPEN: errno.ENOENT,
     sqlite3.SQLITE_IOERR: errno.EIO,
+    sqlite3.SQLITE_CORRUPT: errno.EBADMSG,  # damaged: "the session is bad" to the CLI (exit 1)
+    sqlite3.SQLITE_NOTADB: errno.EBADMSG,
 }
 
 
