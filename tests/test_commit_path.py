@@ -259,7 +259,7 @@ for shape in ("dict", "list", "wide"):
 
 
 def test_a_fact_that_holds_itself_is_refused_not_walked_for_ever() -> None:
-    """Found writing the walk: the refusal's path search (`_first_non_json`) looped for ever on
+    """Found writing the walk: the refusal's path search (`first_non_json`) looped for ever on
     a value holding itself (orjson had refused it for its depth). Run apart: a hang would be the
     defect, and the timeout only a hang detector."""
     done = subprocess.run(
@@ -479,7 +479,7 @@ def test_a_held_connection_the_server_ended_is_replaced_before_a_commit(postgres
     """Terminated while the store waited between commits (a failover, an operator), or by a
     server restart: the next commit goes through a new connection, nothing refused or lost."""
     url = postgres_server.new_database()
-    with sessionlog.repository(url) as repo:
+    with sessionlog.repository(url, lease_seconds=600) as repo:  # outlasts a slow crash recovery
         store = repo.create(**HEADER)
         store.commit([_user("before")])
         held = store._backend._connection[0]

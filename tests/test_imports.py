@@ -102,3 +102,23 @@ def test_no_module_of_the_package_is_in_an_import_circle() -> None:
         " -> ".join(f"{module} ({', '.join(sorted(graph[module] & set(circle)))})" for module in circle)
         for circle in found
     )
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """A name starting with `_` is its module's own: another module that needs it needs a public
+    name (the core's rules took the reducer's `_keys`, `_reserve`, `_running` ..., the runtime
+    the commit pipeline's `_first_non_json`)."""
+    modules = _modules()
+    taken = [
+        f"{name}:{line} takes {target}.{private}"
+        for name, path in modules.items()
+        for target, names, line in _imports(name, path, modules)
+        if target.startswith("sessionlog")
+        for private in names
+        if private.startswith("_") and not private.startswith("__")
+    ]
+    assert taken == []
+    # and the rules reach the reducer's state through public names only
+    for rules in ("entries", "records"):
+        text = (ROOT / "core" / f"{rules}.py").read_text()
+        assert "reducer._" not in text, f"core/{rules}.py reaches into the reducer's private names"

@@ -48,6 +48,7 @@ from .recovery import (
 from .repositories import DirectoryRepository, SessionInfo, repository
 from .runtime import Attempt, Run, RunBlockedError, RuntimeStateError, Session, ToolCall
 from .runtime_blocked import Blocked
+from .runtime_errors import RunOverError
 from .tools import Configuration, Tool, Tools
 
 if TYPE_CHECKING:
@@ -94,6 +95,7 @@ __all__ = [
     "RepositoryNotFoundError",
     "Run",
     "RunBlockedError",
+    "RunOverError",
     "RuntimeStateError",
     "Session",
     "SessionChangedError",

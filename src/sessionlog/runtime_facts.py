@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from .core import facts as build
-from .core.commit import _first_non_json as first_non_json
+from .core.commit import first_non_json
 from .core.state import SessionState
 from .recovery import ToolStart, new_intent
 from .runtime_errors import InvalidAnswerError, RuntimeStateError

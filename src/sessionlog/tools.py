@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .core.canonical import canonical, configuration_digest, digest
-from .core.commit import _first_non_json as first_non_json
+from .core.commit import first_non_json
 from .core.errors import shown
 from .schema import CurrentConfiguration, CurrentTool, Replay
 

@@ -83,7 +83,7 @@ _MAX_INT = 1 << 63
 
 def not_json(value: Any, line: int, first_seq: int, error: Exception | None = None) -> ValidationError:
     """The refusal of a transaction holding something that is not a JSON value, naming where."""
-    found = _first_non_json(value)
+    found = first_non_json(value)
     if found is None:  # plain JSON types throughout: orjson's own limit (nesting depth)
         return ValidationError("INVALID_FACT", line, None, f"not encodable as JSON: {error}")
     path, what = found
@@ -103,7 +103,7 @@ CONTRACT_KEYS = frozenset(
 )
 
 
-def _first_non_json(value: Any) -> tuple[str, str] | None:
+def first_non_json(value: Any) -> tuple[str, str] | None:
     """The path (`[0].entry.message.content`) of the first value that is not plain JSON: a dict
     with str keys, list, str, int, finite float, bool or None, exactly those types. The walk
     ends (None) at the first value nested deeper than MAX_NESTING_DEPTH, as orjson's encoding
@@ -198,7 +198,7 @@ def _copied_list(item: list[Any], depth: int) -> list[Any]:
 def _copied_slowly(value: Any) -> Any:
     """The copy without recursion, for a caller whose own stack left `_copied` too little of
     Python's recursion limit: checked by the iterative walk, copied by encoding and parsing."""
-    if _first_non_json(value) is not None:
+    if first_non_json(value) is not None:
         raise _NotPlain
     try:
         return orjson.loads(orjson.dumps(value, option=_JSON_ONLY))
