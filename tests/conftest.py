@@ -78,6 +78,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         for report in terminalreporter.stats.get("skipped", [])
         if "fixtures are absent" in str(getattr(report, "longrepr", ""))
     ]
+    if not skipped:
+        return  # no contract test was selected: nothing to say
     terminalreporter.write_line(
         f"{len(skipped)} contract tests were skipped, each standing for every fixture of the "
         f"contract: {ABSENT}",
