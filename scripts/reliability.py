@@ -138,8 +138,9 @@ def agent_loop(kills: int, directory: Path) -> tuple[Table, bool]:
                 "jsonl-fsync",
                 "power",
                 f"{report.kills} kills ({kinds}); {report.sessions} sessions, {report.runs_finished} runs "
-                f"finished ({report.completed} completed, {report.failed} failed: attempt 2's answer lost "
-                f"too, {report.restarts} restarted as new runs); {report.tool_runs} tool runs, "
+                f"finished ({report.completed} completed, {report.failed} failed, {report.aborted} aborted: "
+                f"blocked when attempt 2's answer was lost too, {report.restarts} restarted as new runs); "
+                f"{report.tool_runs} tool runs, "
                 f"{report.replays} safe reads replayed, {report.interrupted} settled as interrupted; "
                 f"{report.run_twice} tools run twice, {report.out_of_order} out of the model's order, "
                 f"{report.stuck} runs stuck, {report.never_started_interrupted} never-started tools "
