@@ -36,6 +36,7 @@ def test_resume_and_restart_run_beside_the_installed_peers_and_the_report_shows_
     assert list(tmp_path.iterdir()) == []  # no scratch left
     shapes = {row["shape"] for row in result["rows"]}
     assert shapes == {"g: resume a session of 100 messages", "h: restart: 100 sessions, 10 unfinished"}
+    assert set(result["shape_seconds"]) == shapes  # each with its building or filling
     resumed = {row["name"]: row for row in result["rows"] if row["shape"].startswith("g:")}
     skipped = {peer["name"]: peer["reason"] for peer in result["skipped"]}
     assert set(MODULES) == {reader.name for reader in resume.readers()}

@@ -353,9 +353,12 @@ def run(
         resumed = [name for name in names if chosen is not None or name in RESUMED]
         for count in plan.resumed if "g" in only and (resumed or reading) else ():
             say(f"resume a session of {count:,} messages")
+            building = time.monotonic()
             jobs, closers = resume.resume_rows(scratch.fresh(), count, resumed, reading, registry)
             try:
-                measure(f"g: resume a session of {count:,} messages", jobs, {})
+                label = f"g: resume a session of {count:,} messages"
+                measure(label, jobs, {})
+                seconds[label] = round(time.monotonic() - building, 2)  # with the building
             finally:
                 for close in closers:
                     close()
@@ -363,7 +366,9 @@ def run(
         # database of its own: shape e's sessions are in the scratch one)
         if "h" in only:
             with contextlib.ExitStack() as stack:
-                other = stack.enter_context(ScratchDatabase(postgres)) if postgres else None
+                other = None
+                if postgres and repository_on("postgresql"):
+                    other = stack.enter_context(ScratchDatabase(postgres))
                 kept = {
                     kind: location
                     for kind, location in _locations(scratch, other).items()
