@@ -28,14 +28,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from . import schema
 from .core import facts as build
 from .core.canonical import configuration_digest
 from .core.errors import shown
-from .core.planner import plan_recovery
-from .core.reducer import SYNTHETIC_CONTENT
+from .core.planner import plan_recovery, settle_pending_intent
 from .core.state import SessionState, copy_json
 
 Plan = schema.Plan
@@ -337,40 +336,8 @@ def plan_in_order(state: SessionState, current: Mapping[str, Any]) -> Plan:
     ]
     if not earlier:
         return plan
-    return _settle_pending(state, current, min(earlier, key=lambda tool: tool["toolIndex"]))
-
-
-def _settle_pending(state: SessionState, current: Mapping[str, Any], tool: Mapping[str, Any]) -> Plan:
-    """Rule 11 for one pending intent."""
-    if tool["environmentIdentity"] != current["environmentIdentity"]:
-        return {"type": "blocked", "reason": "environment_changed"}
-    declaration = _declared(current, tool["toolName"])
-    if declaration is None or not declaration.get("definitionDigest"):
-        return {"type": "blocked", "reason": "configuration_changed"}
-    if tool["replay"] == "safe":
-        if declaration.get("replay") == "safe" and tool["replayKey"] == declaration.get("replayKey"):
-            return {
-                "type": "startTool",
-                "mode": "replay",
-                "assistantEntryId": tool["assistantEntryId"],
-                "toolIndex": tool["toolIndex"],
-                "toolStartedId": tool["toolStartedId"],
-                "toolName": tool["toolName"],
-                "arguments": copy_json(tool["arguments"]),
-            }
-        return {"type": "blocked", "reason": "replay_declaration_changed"}
-    call = state.settled_calls[tool["toolIndex"]]
-    result: Any = {
-        "assistantEntryId": tool["assistantEntryId"],
-        "toolIndex": tool["toolIndex"],
-        "toolCallId": call["id"],
-        "toolName": tool["toolName"],
-        "toolStartedId": tool["toolStartedId"],
-        "resultEntryId": tool["resultEntryId"],
-        "reason": "interrupted",
-        "content": SYNTHETIC_CONTENT["interrupted"],
-    }
-    return {"type": "appendSynthetic", "results": [result]}
+    pending = min(earlier, key=lambda tool: tool["toolIndex"])
+    return cast(Plan, settle_pending_intent(pending, state.settled_calls, current))  # rule 11, for it
 
 
 # -- the recovery loop -------------------------------------------------------------------------

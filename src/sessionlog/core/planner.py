@@ -9,7 +9,7 @@ environment is ever run again.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import orjson
@@ -219,7 +219,15 @@ def _plan(state: SessionState, current: Mapping[str, Any]) -> Plan:
             "attempt": 1,
             "contextThroughEntryId": state.active_context_through,
         }
-    tool = pending[0]
+    return settle_pending_intent(pending[0], calls, current)
+
+
+def settle_pending_intent(
+    tool: Mapping[str, Any], calls: Sequence[Mapping[str, Any]], current: Mapping[str, Any]
+) -> Plan:
+    """Rule 11 for one pending intent (`tool`, of the assistant entry whose `calls` these are):
+    blocked when its environment, its tool's declaration or its replay declaration changed; its
+    replay when it is safe and declared so still; else its `interrupted` synthetic result."""
     if tool["environmentIdentity"] != current["environmentIdentity"]:
         return {"type": "blocked", "reason": "environment_changed"}
     declaration = _declared(current, tool["toolName"])
