@@ -388,3 +388,23 @@ def test_replicated_kill9_of_the_primary_then_promote_loses_nothing(
     )
     assert report.failures == [] and report.lost == 0
     assert report.kills == failovers and report.acknowledged > 0
+
+
+def test_claim_unfinished_goes_past_the_sessions_this_process_already_holds(
+    postgres_server: PostgresServer,
+) -> None:
+    """Found by the bench's restart shape: once this process held 64 unfinished sessions,
+    `claim_unfinished()` said None while 36 of 100 were still unclaimed (it looked at the 64
+    oldest candidates only, all its own live holds)."""
+    url = fresh_database(postgres_server)
+    with sessionlog.repository(url) as repo:
+        for _ in range(100):
+            with repo.create(**HEADER) as store:
+                store.commit(F.accept_prompt("left unfinished"))  # a run open, then released
+        claimed = []
+        while (store := repo.claim_unfinished()) is not None:
+            claimed.append(store)
+            assert len(claimed) <= 100
+        assert len({store.load().session_id for store in claimed}) == 100
+        for store in claimed:
+            store.close()

@@ -494,16 +494,7 @@ class PostgresRepository(SQLRepository):
         with self.failing_as("claim_unfinished"):
             since = time.monotonic()
             with self._holding(since) as hold, self.transaction() as connection:
-                candidates = connection.execute(
-                    "select session_id, writer, writer is null or lease_expires_at <= now() "
-                    "from sessionlog.sessions where not idle and (writer is null or "
-                    "lease_expires_at <= now() or split_part(writer, ':', 1) = %s) "
-                    "order by updated_at limit 64 for update skip locked",
-                    (socket.gethostname(),),
-                ).fetchall()
-                chosen = next(
-                    (row[0] for row in candidates if row[2] or not self.holds(row[1], row[0])), None
-                )
+                chosen = self._claimable(connection)
                 if chosen is None:
                     return None
                 epoch = connection.execute(
@@ -514,6 +505,27 @@ class PostgresRepository(SQLRepository):
                 hold(chosen, int(epoch))
             backend = PostgresSession(self, chosen, int(epoch))
             return SessionStore.open_backend(backend, self.store_path(chosen), self.info)
+
+    def _claimable(self, connection: Any) -> str | None:
+        """The oldest session needing recovery that no live writer holds, locked for this
+        transaction: candidates 64 at a time (a writer of this host whose lease runs is asked
+        whether its process lives), never this process's own holds, until one is found."""
+        after: tuple[Any, str] | None = None
+        while True:
+            page = "" if after is None else "and (updated_at, session_id) > (%s, %s) "
+            candidates = connection.execute(
+                "select session_id, writer, writer is null or lease_expires_at <= now(), updated_at "
+                "from sessionlog.sessions where not idle and (writer is null or "
+                "lease_expires_at <= now() or (split_part(writer, ':', 1) = %s and writer <> %s)) "
+                f"{page}order by updated_at, session_id limit 64 for update skip locked",
+                (socket.gethostname(), self.me, *(after or ())),
+            ).fetchall()
+            for session_id, writer, lapsed, _ in candidates:
+                if lapsed or not self.holds(writer, session_id):
+                    return str(session_id)
+            if len(candidates) < 64:
+                return None
+            after = (candidates[-1][3], candidates[-1][0])
 
 
 class PostgresSession(SessionRows):
