@@ -165,15 +165,7 @@ def run(
                     shapes.peer_job(scratch, peer, 1, plan.commits(peer.durability, "sync")),
                     {"durability": peer.durability, "kind": "peer", "ceiling": _ceiling(peer.durability, 1)},
                 )
-            kinds = ["write+fdatasync", "os.write"]
-            if any(infos[name].syncs_filesystem for name in names):
-                kinds.insert(1, "write+syncfs")
-            ceilings = {
-                kind: shapes.ceiling_job(
-                    scratch, 1, plan.commits("process" if kind == "os.write" else "power", "sync"), kind
-                )
-                for kind in kinds
-            }
+            ceilings = _one_writer_ceilings(scratch, plan, any(infos[n].syncs_filesystem for n in names))
             measure(f"a: 1 session, 1 committer, {facts} fact{'s' if facts > 1 else ''}", jobs, ceilings)
         # (b) one session, 64 committers
         async_names = [name for name in names if infos[name].api == "async"]
@@ -339,15 +331,7 @@ def run(
                         "ceiling": _ceiling(info.durability, 1, info.syncs_filesystem),
                     },
                 )
-            kinds = ["write+fdatasync", "os.write"]
-            if any(infos[name].syncs_filesystem for name in names):
-                kinds.insert(1, "write+syncfs")
-            ceilings = {
-                kind: shapes.ceiling_job(
-                    scratch, 1, plan.commits("process" if kind == "os.write" else "power", "sync"), kind
-                )
-                for kind in kinds
-            }
+            ceilings = _one_writer_ceilings(scratch, plan, any(infos[n].syncs_filesystem for n in names))
             measure(f"f: 1 committer, a session of {held:,} facts", jobs, ceilings)
         # (g) resume: open, load and list a session, beside the peers' read paths
         resumed = [name for name in names if chosen is not None or name in RESUMED]
@@ -413,6 +397,14 @@ def _load() -> float | None:
         return round(os.getloadavg()[0], 2)
     except OSError:
         return None
+
+
+def _one_writer_ceilings(scratch: shapes.Scratch, plan: Plan, syncfs: bool) -> dict[str, Job]:
+    """The bare ceilings of one writer: write+fdatasync, os.write and, when a backend syncs its
+    filesystem, write+syncfs."""
+    kinds = ["write+fdatasync", "write+syncfs", "os.write"] if syncfs else ["write+fdatasync", "os.write"]
+    commits = {kind: plan.commits("process" if kind == "os.write" else "power", "sync") for kind in kinds}
+    return {kind: shapes.ceiling_job(scratch, 1, commits[kind], kind) for kind in kinds}
 
 
 def _ceiling(durability: str, sessions: int, syncs_filesystem: bool = False) -> str:
