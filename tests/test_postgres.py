@@ -99,7 +99,7 @@ class TestPostgresAsyncStore(StoreHooks, AsyncStoreContract):
 # -- schema, roles, bad input --------------------------------------------------------------------
 
 # The crash harnesses run short by default and long behind the `long` marker (conftest.budgets).
-KILLS = budgets(20, 200, 2_000)
+KILLS = budgets(10, 200, 2_000)  # short: 10 kills a case in the default run (8 min bound); long: 200
 
 
 def test_many_workers_starting_at_once_make_the_schema_once(postgres_server: PostgresServer) -> None:
