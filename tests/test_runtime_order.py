@@ -74,16 +74,22 @@ def _results(session: sessionlog.Session) -> list[str]:
     return [m["content"] for m in session.state.transcript if m["role"] == "tool"]
 
 
-def test_a_kill_during_the_first_tool_settles_no_later_tool_as_interrupted(tmp_path: Path) -> None:
-    tools = Tools()
-    tools.kill_in = "write 0"
-    session = _session(tmp_path / "s.jsonl", tools)
+def _killed_and_resumed(path: Path, tools: Any, kill_in: str, **options: Any) -> tuple[Any, Any]:
+    """The loop killed in `kill_in` and its session opened again: (the new session, its resumed run)."""
+    tools.kill_in = kill_in
+    session = _session(path, tools, **options)
     with pytest.raises(Killed):
         _drive(session, session.start("go"))
     session.store.close()
-    again = _session(tmp_path / "s.jsonl", tools)
+    again = _session(path, tools, **options)
     run = again.resume()
     assert run is not None
+    return again, run
+
+
+def test_a_kill_during_the_first_tool_settles_no_later_tool_as_interrupted(tmp_path: Path) -> None:
+    tools = Tools()
+    again, run = _killed_and_resumed(tmp_path / "s.jsonl", tools, "write 0")
     assert _drive(again, run)["outcome"] == "completed"
     # write 0 may have run: interrupted; bash 0 never started: it runs now, once
     assert tools.log == ["read 0", "write 0", "bash 0", "read 1", "write 1", "bash 1"]
@@ -95,14 +101,7 @@ def test_a_kill_during_the_first_tool_settles_no_later_tool_as_interrupted(tmp_p
 
 def test_a_safe_read_is_replayed_before_any_later_tool_starts(tmp_path: Path) -> None:
     tools = Tools()
-    tools.kill_in = "read 0"
-    session = _session(tmp_path / "s.jsonl", tools)
-    with pytest.raises(Killed):
-        _drive(session, session.start("go"))
-    session.store.close()
-    again = _session(tmp_path / "s.jsonl", tools)
-    run = again.resume()
-    assert run is not None
+    again, run = _killed_and_resumed(tmp_path / "s.jsonl", tools, "read 0")
     _drive(again, run)
     assert tools.log[:4] == ["read 0", "read 0", "write 0", "bash 0"]  # the model's order
     assert _results(again)[:3] == ["read 0 done", "write 0 done", "bash 0 done"]
@@ -130,14 +129,7 @@ def test_each_intent_is_committed_right_before_its_tool(tmp_path: Path) -> None:
 
 def test_the_step_design_is_an_explicit_option_and_keeps_its_behaviour(tmp_path: Path) -> None:
     tools = Tools()
-    tools.kill_in = "read 0"
-    session = _session(tmp_path / "s.jsonl", tools, intents="step")
-    with pytest.raises(Killed):
-        _drive(session, session.start("go"))
-    session.store.close()
-    again = _session(tmp_path / "s.jsonl", tools, intents="step")
-    run = again.resume()
-    assert run is not None
+    again, run = _killed_and_resumed(tmp_path / "s.jsonl", tools, "read 0", intents="step")
     _drive(again, run)
     # every intent was durable before read ran: write and bash may have run, as far as the log
     # knows, so they are settled as interrupted although they never started (the cost of the option)
