@@ -416,10 +416,9 @@ def test_a_sql_commit_does_not_parse_its_own_line(tmp_path: Path, monkeypatch: p
 
 
 def _terminate(url: str, pid: int) -> None:
-    import psycopg
+    from sessionlog.testing.postgres import terminate_backend
 
-    with psycopg.connect(url, autocommit=True) as killer:
-        killer.execute("select pg_terminate_backend(%s)", (pid,))
+    terminate_backend(url, pid)  # gone, not just signalled: the next commit must find it dead
 
 
 def _lending(repo: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:

@@ -26,7 +26,7 @@ import pytest
 
 import sessionlog
 from conftest import budgets, start_postgres
-from sessionlog.testing.histories import check, parse_token, read_histories
+from sessionlog.testing.histories import check, operations, parse_token, read_histories
 from sessionlog.testing.nemesis import faketime_library, read_contents, run_fault_harness, summary
 from sessionlog.testing.postgres import PostgresServer
 
@@ -113,7 +113,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, A
 def _acknowledged_session(
     records: list[dict[str, Any]], contents: dict[str, list[str]]
 ) -> tuple[str, list[str]]:
-    acked = {r["v"] for r in records if r.get("op") == "commit" and r.get("type") == "invoke"}
+    acked = {op.value for op in operations(records) if op.op == "commit" and op.outcome == "ok"}
     deleted = {r["s"] for r in records if r.get("op") == "delete" and r.get("type") == "invoke"}
     for session, texts in sorted(contents.items(), key=lambda item: -len(item[1])):
         if session in deleted:

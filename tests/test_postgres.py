@@ -17,7 +17,13 @@ import sessionlog
 from conftest import FIXTURES, budgets
 from sessionlog.core import facts as F
 from sessionlog.testing import AsyncStoreContract, StoreContract
-from sessionlog.testing.postgres import PathSessions, PostgresRows, PostgresServer, recovery_workers
+from sessionlog.testing.postgres import (
+    PathSessions,
+    PostgresRows,
+    PostgresServer,
+    recovery_workers,
+    terminate_backend,
+)
 from sessionlog.testing.repository_suite import AsyncRepositoryContract, RepositoryContract
 
 HEADER: dict[str, Any] = {"provider": "openrouter", "model": "test/model", "cwd": "/w"}
@@ -301,7 +307,7 @@ def test_a_connection_broken_at_commit_poisons_and_reopening_tells_the_truth(
     armed = True
 
     def terminate(connection: Any) -> None:
-        sql(url, "select pg_terminate_backend(%s)", connection.info.backend_pid)
+        terminate_backend(url, connection.info.backend_pid)  # gone, so "before" is before
 
     def execute(connection: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
         """The commit is one autocommit statement: its COMMIT is that statement's end."""

@@ -20,7 +20,7 @@ import pytest
 
 import sessionlog
 from sessionlog.core import facts as F
-from sessionlog.testing.postgres import PostgresServer, recovery_workers
+from sessionlog.testing.postgres import PostgresServer, recovery_workers, terminate_backend
 
 HEADER: dict[str, Any] = {"provider": "openrouter", "model": "test/model", "cwd": "/w"}
 
@@ -218,7 +218,7 @@ def test_the_async_writer_replaces_a_connection_dropped_while_idle(
         await second.commit(F.accept_prompt("second"))
         first_id = (await first.load()).session_id
         if fault == "terminate":
-            sql(url, "select pg_terminate_backend(%s)", repo.writer.connection.info.backend_pid)
+            terminate_backend(url, repo.writer.connection.info.backend_pid)  # gone, not just signalled
         else:
             postgres_server.kill()
             postgres_server.restart()
@@ -254,7 +254,7 @@ def test_an_async_batch_whose_connection_breaks_at_commit_is_an_unknown_outcome(
     def commit_on_a_terminated_backend(connection: Any) -> None:
         if not broken:
             broken.append(connection.info.backend_pid)
-            sql(url, "select pg_terminate_backend(%s)", connection.info.backend_pid)
+            terminate_backend(url, connection.info.backend_pid)  # gone before the COMMIT is sent
         real_commit(connection)
 
     async def main() -> None:

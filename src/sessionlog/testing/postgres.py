@@ -368,6 +368,21 @@ class PostgresRows:
         self.paths.ids[key] = replace_rows(self.paths.repository(), self.paths.ids.get(key) or new_id(), data)
 
 
+def terminate_backend(url: str, pid: int, *, seconds: float = 60) -> None:
+    """`pg_terminate_backend(pid)` and wait until that backend is gone: the function only sends
+    the signal, and on a loaded machine a statement sent right after it can still reach the live
+    backend (a test of "the next commit finds its connection dead" must not race its own kill)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as killer:
+        killer.execute("select pg_terminate_backend(%s)", (pid,))
+        deadline = time.monotonic() + seconds
+        while killer.execute("select 1 from pg_stat_activity where pid = %s", (pid,)).fetchone():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"backend {pid} still runs {seconds:.0f} s after pg_terminate_backend")
+            time.sleep(0.01)
+
+
 def recovery_workers(location: str, workers: int = 4) -> list[str]:
     """Run `workers` recovery workers at once, each with a repository of its own, each claiming
     sessions (`claim_unfinished`) and holding each a moment, until none is left; the ids they
