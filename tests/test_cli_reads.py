@@ -130,3 +130,24 @@ def test_import_names_the_file_a_bad_session_came_from(cli: Any, tmp_path: Path)
     repository.mkdir()
     run = cli("import", repository, empty)
     assert run.code == 1 and str(empty) in run.err and "<bytes>" not in run.err, run.err
+
+
+def test_inspect_shows_a_long_pending_argument_shortened_and_says_where_it_is_whole(
+    cli: Any, tmp_path: Path
+) -> None:
+    """A tool call's arguments can be megabytes (a file to write): `inspect` is a summary, so it
+    shows their start and their size, and names the command that shows them whole."""
+    path = tmp_path / "s.jsonl"
+    store = sessionlog.create(path, "jsonl", provider="p", model="m", cwd="/w")
+    session = sessionlog.Session(store, tools=[sessionlog.Tool("write", lambda arguments: "ok")], model="m")
+    run = session.start("go")
+    body = "x" * 100_000
+    run.attempt().settle(None, [{"id": "1", "name": "write", "arguments": {"body": body}}])
+    run.start_tools()[0].begin()  # ... and the process dies
+    store.close()
+    shown = cli("inspect", path)
+    assert shown.code == 0, shown.err
+    (line,) = [text for text in shown.out.splitlines() if "write" in text and "arguments" in text]
+    assert len(line) < 400 and "100,011 bytes" in line and "sessionlog reduce" in line, line
+    assert body in cli("reduce", path).out  # whole there
+    assert body in cli("inspect", path, "--json").out

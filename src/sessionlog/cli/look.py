@@ -132,11 +132,23 @@ def cmd_inspect(args: argparse.Namespace, registry: Registry) -> int:
         out(
             f"  [{tool['toolIndex']}] {tool['toolName']} {tool['toolCallId']} (replay {tool['replay']}, "
             f"{tool['replayKey']}) intent {tool['toolStartedId']}, result {tool['resultEntryId']}, "
-            f"arguments {compact(tool['arguments'])}"
+            f"arguments {shortened(compact(tool['arguments']))}"
         )
     usage = state.usage.to_json()
     out("usage        " + ", ".join(f"{key} {value:,}" for key, value in usage.items()))
     return 0
+
+
+SHOWN_ARGUMENTS = 160  # characters of a pending call's arguments `inspect` shows
+
+
+def shortened(text: str) -> str:
+    """A summary's share of a value that can be megabytes (a file a tool is to write): its start
+    and its size, and where it is whole."""
+    if len(text) <= SHOWN_ARGUMENTS:
+        return text
+    size = len(text.encode())
+    return f"{text[:SHOWN_ARGUMENTS]}... ({size:,} bytes in all; `{PROG} reduce` shows them whole)"
 
 
 def cmd_verify(args: argparse.Namespace, registry: Registry) -> int:
