@@ -174,7 +174,13 @@ def test_a_missing_location_is_said_to_be_missing_and_nothing_is_created(
     words = {"location": location, "session": f"{location}#{ID}", "current": str(current)}
     run = cli(*(word.format(**words) for word in argv))
     assert run.code == 2, run.out + run.err
-    assert run.err == f"sessionlog {argv[0]}: {location}: no such repository (nothing was created)\n"
+    looked = {
+        "directory": "",
+        "sqlite-relative": f"no file sesions.db relative to {work}; an absolute path takes four slashes: "
+        "sqlite:////abs/path.db; ",
+        "sqlite-absolute": f"no file {work / 'sesions.db'}; ",
+    }[kind]
+    assert run.err == f"sessionlog {argv[0]}: {location}: no such repository ({looked}nothing was created)\n"
     assert run.out == "" or run.out.startswith("{")  # --json may print its refusal, never "no sessions"
     assert "no sessions" not in run.out
     assert os.listdir(work) == []

@@ -151,3 +151,26 @@ def test_inspect_shows_a_long_pending_argument_shortened_and_says_where_it_is_wh
     assert len(line) < 400 and "100,011 bytes" in line and "sessionlog reduce" in line, line
     assert body in cli("reduce", path).out  # whole there
     assert body in cli("inspect", path, "--json").out
+
+
+def test_a_database_whose_name_holds_a_hash_is_read_as_itself(cli: Any, tmp_path: Path) -> None:
+    """`d#b.db` is a file of that name when one exists (it was read as session `b.db` of `d`);
+    `DATABASE#SESSION` still names a session of a database."""
+    database = tmp_path / "d#b.db"
+    (session_id,) = _sqlite_repository(database, 1)
+    for command in ("verify", "inspect"):
+        run = cli(command, database)
+        assert run.code == 0, run.err
+    run = cli("inspect", f"{database}#{session_id}")
+    assert run.code == 0 and session_id in run.out, run.err
+
+
+def test_a_missing_sqlite_repository_names_the_file_it_looked_for(
+    cli: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """`sqlite:///tmp/x.db` is relative (three slashes): the error says which file it looked for."""
+    monkeypatch.chdir(tmp_path)
+    run = cli("ls", "sqlite:///tmp/x.db")
+    assert run.code == 2
+    assert "tmp/x.db" in run.err and "sqlite:////" in run.err and "nothing was created" in run.err, run.err
+    assert list(tmp_path.iterdir()) == []

@@ -30,9 +30,10 @@ if TYPE_CHECKING:
 
 
 def split(path: Path) -> tuple[Path, str | None]:
-    """`DATABASE#SESSION_ID` -> (database, session id); a path without `#` -> (path, None)."""
+    """`DATABASE#SESSION_ID` -> (database, session id); a path without `#`, or one that names an
+    existing file as it is (`d#b.db`), -> (path, None)."""
     database, separator, session_id = str(path).rpartition("#")
-    return (Path(database), session_id) if separator else (path, None)
+    return (Path(database), session_id) if separator and not Path(path).is_file() else (Path(path), None)
 
 
 def claimed(path: Path, create: bytes | None, durability: str, options: dict[str, Any]) -> Any:

@@ -7,8 +7,10 @@ import json
 import os
 import re
 import stat
+import urllib.parse
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from .. import opening
@@ -179,8 +181,6 @@ def open_repository(location: str, registry: Registry, *, create: bool = False) 
             f"not {masked(location)}"
         )
     if "://" not in location and backend_of(location) == "sqlite":  # `ls sessions.db`: what it is
-        import urllib.parse
-
         location = "sqlite:///" + urllib.parse.quote(location)  # ./x.db, or /abs (four slashes)
     if sqlite_file(location) is not None and "#" in location:  # `ls sqlite:///r.db#x`
         raise UsageError(
@@ -189,9 +189,18 @@ def open_repository(location: str, registry: Registry, *, create: bool = False) 
     try:
         return repository(location, registry=registry, create=create)
     except RepositoryNotFoundError:
-        raise UsageError(f"{location}: no such repository (nothing was created)") from None
+        file = sqlite_file(location)
+        looked = "" if file is None else f"no file {urllib.parse.unquote(file)}{_slashes(location)}; "
+        raise UsageError(f"{masked(location)}: no such repository ({looked}nothing was created)") from None
     except ValueError as error:
         raise UsageError(str(error)) from None
+
+
+def _slashes(location: str) -> str:
+    """The hint a SQLite URL with three slashes needs: it is relative to the working directory."""
+    if location.startswith("sqlite:////"):
+        return ""
+    return f" relative to {Path.cwd()}; an absolute path takes four slashes: sqlite:////abs/path.db"
 
 
 def reduce_session(
