@@ -312,3 +312,17 @@ def test_a_convert_refused_by_a_new_database_leaves_no_database(cli: Any, tmp_pa
     run = cli("convert", path, f"{tmp_path / 'new.db'}#{other_id}", "--to", "sqlite")
     assert run.code != 0 and len(run.err.splitlines()) == 1
     assert sorted(item.name for item in tmp_path.iterdir()) == ["agent.jsonl"]
+
+
+def test_rm_of_a_held_session_says_once_that_nothing_changed(cli: Any, tmp_path: Path) -> None:
+    """It said "nothing was deleted; nothing was changed (try again when it is closed)"."""
+    repo = sessionlog.repository(str(tmp_path / "repo"))
+    store = repo.create(provider="p", model="m", cwd="/w")
+    session_id = store.load().session_id
+    try:
+        run = cli("rm", f"{tmp_path / 'repo'}#{session_id}")
+        assert run.code == 3, run.err
+        assert run.err.count("nothing was") == 1 and "try again when it is closed" in run.err, run.err
+    finally:
+        store.close()
+    assert cli("rm", f"{tmp_path / 'repo'}#{session_id}").code == 0

@@ -269,7 +269,9 @@ def main(argv: Sequence[str] | None = None, *, registry: Registry | None = None)
         say_error(args.command, _message(error))
         return EXIT_USAGE
     except SessionLockedError as error:
-        say_error(args.command, f"{_message(error)}; nothing was changed (try again when it is closed)")
+        message = _message(error)
+        unchanged = "" if "nothing was" in message else "; nothing was changed"  # said once
+        say_error(args.command, f"{message}{unchanged} (try again when it is closed)")
         return EXIT_IN_USE
     except BrokenPipeError:  # `sessionlog reduce FILE | head`: the reader left, say nothing more
         with contextlib.suppress(OSError, ValueError):
