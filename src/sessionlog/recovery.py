@@ -41,6 +41,9 @@ Plan = schema.Plan
 Fact = dict[str, Any]
 OnCommit = Callable[[Plan, list[dict[str, Any]]], object]
 """`on_commit(plan, committed_facts)`: called after each transaction `recover` commits."""
+Hold = Callable[[SessionState, Plan], bool]
+"""`hold(state, plan)`: True to return an effect-free plan to the caller instead of committing
+it (the runtime holds a reconcilable `interrupted` synthetic to ask its tool first)."""
 
 
 class Store(Protocol):
@@ -61,10 +64,12 @@ class AsyncStore(Protocol):
 
 __all__ = [
     "AsyncStore",
+    "Hold",
     "OnCommit",
     "Store",
     "ToolStart",
     "facts_for_plan",
+    "idempotency_key",
     "needs_caller",
     "new_intent",
     "plan_in_order",
@@ -110,12 +115,30 @@ class ToolStart:
         return str(self.intent["toolName"])
 
     @property
+    def key(self) -> str:
+        """The call's idempotency key (`idempotency_key` of its intent's fact id)."""
+        return idempotency_key(self.tool_started_id)
+
+    @property
     def arguments(self) -> dict[str, Any]:
         return copy_json(self.intent["arguments"])  # type: ignore[no-any-return]
 
     def result(self, content: str, *, ok: bool = True) -> Fact:
         """The tool's result entry, under the intent's reserved id."""
         return build.tool_result(self.intent, content, ok=ok)
+
+
+KEY_PREFIX = "sl-"
+
+
+def idempotency_key(tool_started_id: str) -> str:
+    """The idempotency key of a tool call: `sl-` and its `toolStarted` fact's id (a lowercase
+    UUIDv7). It exists before the effect (the intent is durable first), is the same on every
+    replay or reconciliation of that intent and in a fork (a fork keeps the facts' ids), and no
+    other call has it. 39 characters of `[a-z0-9-]` starting with a letter: an `Idempotency-Key`
+    header, a client token (<= 64) or a resource name (<= 63) takes it as it is. It holds
+    nothing of the arguments, so it never carries a secret."""
+    return f"{KEY_PREFIX}{tool_started_id}"
 
 
 def _running(state: SessionState) -> dict[str, Any]:
@@ -344,11 +367,15 @@ def plan_in_order(state: SessionState, current: Mapping[str, Any]) -> Plan:
 
 
 def _next(
-    state: SessionState, current: Mapping[str, Any], previous: Plan | None, in_order: bool = False
+    state: SessionState,
+    current: Mapping[str, Any],
+    previous: Plan | None,
+    in_order: bool = False,
+    hold: Hold | None = None,
 ) -> tuple[Plan, list[Fact]]:
     """The next plan and its facts; no facts when the plan is for the caller."""
     plan = plan_in_order(state, current) if in_order else plan_recovery(state, current)
-    if needs_caller(state, plan):
+    if needs_caller(state, plan) or (hold is not None and hold(state, plan)):
         return plan, []
     if plan == previous:
         raise RuntimeError(  # the plan's type only: its arguments may hold a tool's secrets
@@ -361,18 +388,24 @@ def _next(
 
 
 def recover(
-    store: Store, current: Mapping[str, Any], *, on_commit: OnCommit | None = None, in_order: bool = False
+    store: Store,
+    current: Mapping[str, Any],
+    *,
+    on_commit: OnCommit | None = None,
+    in_order: bool = False,
+    hold: Hold | None = None,
 ) -> Plan:
     """Commit every plan that needs no external effect; return the first one that needs the
-    caller (`startStep`, `startTool`, `blocked`, or the idle `finish`). `in_order`: plan with
-    `plan_in_order` (a pending call settled before a later one starts) instead of `plan_recovery`.
+    caller (`startStep`, `startTool`, `blocked`, or the idle `finish`), or that `hold` holds.
+    `in_order`: plan with `plan_in_order` (a pending call settled before a later one starts)
+    instead of `plan_recovery`.
 
     Each effect-free plan is one transaction; `on_commit(plan, committed)` sees each. Idempotent:
     a second call commits nothing and returns the same plan. A transaction the reducer refuses
     raises ValidationError (nothing of it is written; earlier ones stay committed)."""
     previous: Plan | None = None
     while True:
-        plan, facts = _next(store.load(), current, previous, in_order)
+        plan, facts = _next(store.load(), current, previous, in_order, hold)
         if not facts:
             return plan
         committed = store.commit(facts)
@@ -387,11 +420,12 @@ async def recover_async(
     *,
     on_commit: OnCommit | None = None,
     in_order: bool = False,
+    hold: Hold | None = None,
 ) -> Plan:
     """`recover` for an AsyncSessionStore."""
     previous: Plan | None = None
     while True:
-        plan, facts = _next(await store.load(), current, previous, in_order)
+        plan, facts = _next(await store.load(), current, previous, in_order, hold)
         if not facts:
             return plan
         committed = await store.commit(facts)

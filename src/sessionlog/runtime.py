@@ -69,6 +69,7 @@ from .runtime_facts import (
     settle_facts,
     tool_facts,
 )
+from .runtime_reconcile import ask, decision, noted, pending_of, ran_output, reconcilable
 
 __all__ = [
     "INTENTS",
@@ -88,7 +89,7 @@ __all__ = [
     "settle_facts",
     "tool_facts",
 ]
-from .tools import Configuration, Tool, Tools, recordable_text, tool_output
+from .tools import Configuration, Ran, Tool, Tools, recordable_text, tool_output
 
 Fact = dict[str, Any]
 
@@ -254,6 +255,8 @@ class ToolCallBase:
         """Whether `begin()` was called: the tool is the program's to run, `run()` is refused."""
         self.tool_ran = False
         """Whether `run()` ran its tool in this process (it never runs twice)."""
+        self.note: str | None = None
+        """`notRun` when reconciliation found it had not run: its result says so."""
 
     def check_can_record(self, state: SessionState) -> None:
         """Refused (nothing run, nothing written) once the log holds the call's outcome."""
@@ -298,6 +301,19 @@ class ToolCallBase:
     @property
     def arguments(self) -> dict[str, Any]:
         return self.start.arguments
+
+    @property
+    def key(self) -> str:
+        """The call's idempotency key (`recovery.idempotency_key`): made from its intent's fact
+        id, the same on replay, reconciliation and in a fork, no other call's. Pass it to an API
+        that deduplicates by key (an `Idempotency-Key` header, a client token, a resource name);
+        a tool declared `idempotent` or with `reconcile` gets it as `run(arguments, key)`."""
+        return self.start.key
+
+    def call_tool(self) -> Any:
+        """Run the declared tool: `run(arguments, key)` for a keyed tool, else `run(arguments)`."""
+        tool = self.session.tools[self.name]
+        return tool.run(self.arguments, self.key) if tool.keyed else tool.run(self.arguments)
 
 
 class SessionBase:
@@ -397,11 +413,16 @@ class Session(SessionBase):
         idle. Safe reads with an unknown result are run again through their declared tool."""
         self.open_attempt_id = None  # resuming: an open attempt's answer is taken as lost
         current = self.configuration.current
+        hold = reconcilable(self.tools)
         while True:
-            plan = recover(self.store, current, in_order=True)
+            plan = recover(self.store, current, in_order=True, hold=hold)
             state = self.store.load()
             if state.is_idle:
                 return None
+            start = pending_of(state, plan, self.tools)
+            if start is not None:
+                self.reconcile(state, plan, start)
+                continue
             if plan["type"] != "startTool":
                 return Run(self, state.operation["operationId"])
             if plan["mode"] == "replay":
@@ -409,6 +430,22 @@ class Session(SessionBase):
             else:
                 for call in Run(self, state.operation["operationId"]).start_tools():
                     call.run()
+
+    def reconcile(self, state: SessionState, plan: Mapping[str, Any], start: ToolStart) -> None:
+        """Ask the tool's `reconcile` whether the pending call ran (`runtime_reconcile`): commit
+        its reported result, run it now with the same key, or settle it as interrupted."""
+        tool = self.tools[start.tool_name]
+        answer = ask(tool, start)
+        decided = decision(tool, start, answer)
+        call = ToolCall(self, start, begun=True)
+        if decided == "ran":
+            assert isinstance(answer, Ran)
+            call.record_reconciled(*ran_output(tool, answer))
+        elif decided == "notRun":
+            call.note = "notRun"
+            call.run()
+        else:
+            self.store.commit(facts_for_plan(state, plan, self.configuration.current))
 
 
 def replay_start(state: SessionState, plan: Mapping[str, Any]) -> ToolStart:
@@ -542,11 +579,11 @@ class ToolCall(ToolCallBase):
         self._begin()
         self.tool_ran = True
         try:
-            output = self.session.tools[self.name].run(self.arguments)
+            output = self.call_tool()
         except Exception as error:
-            return self._record(failure_text(error), False, None)
+            return self._record(noted(failure_text(error), self.note), False, None)
         text, ok = tool_output(self.name, output)
-        return self._record(text, ok, None)
+        return self._record(noted(text, self.note), ok, None)
 
     def finish(self, output: str, *, ok: bool = True, usage: Mapping[str, int] | None = None) -> None:
         """Record the tool's output (and its usage) in one transaction (after `begin`)."""
@@ -557,6 +594,10 @@ class ToolCall(ToolCallBase):
 
     def fail(self, message: str) -> None:
         self.finish(message, ok=False)
+
+    def record_reconciled(self, text: str, ok: bool) -> str:
+        """The result reconciliation found (`Ran`): the call ran before the crash."""
+        return self._record(text, ok, None)
 
     def _record(self, output: str, ok: bool, usage: Mapping[str, int] | None) -> str:
         """The result; an output above the store's line limit as an error result saying so."""

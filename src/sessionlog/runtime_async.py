@@ -14,7 +14,7 @@ from typing import Any
 
 from .core import facts as build
 from .core.state import SessionState
-from .recovery import AsyncStore, recover_async
+from .recovery import AsyncStore, ToolStart, facts_for_plan, recover_async
 from .runtime import (
     AttemptBase,
     RunBase,
@@ -42,7 +42,8 @@ from .runtime_facts import (
     settle_facts,
     tool_facts,
 )
-from .tools import tool_output
+from .runtime_reconcile import ask_async, decision, noted, pending_of, ran_output, reconcilable
+from .tools import Ran, tool_output
 
 
 class AsyncSession(SessionBase):
@@ -75,11 +76,16 @@ class AsyncSession(SessionBase):
     async def resume(self) -> AsyncRun | None:
         self.open_attempt_id = None
         current = self.configuration.current
+        hold = reconcilable(self.tools)
         while True:
-            plan = await recover_async(self.store, current, in_order=True)
+            plan = await recover_async(self.store, current, in_order=True, hold=hold)
             state = await self.state()
             if state.is_idle:
                 return None
+            start = pending_of(state, plan, self.tools)
+            if start is not None:
+                await self.reconcile(state, plan, start)
+                continue
             if plan["type"] != "startTool":
                 return AsyncRun(self, state.operation["operationId"])
             if plan["mode"] == "replay":
@@ -87,6 +93,21 @@ class AsyncSession(SessionBase):
             else:
                 for call in await AsyncRun(self, state.operation["operationId"]).start_tools():
                     await call.run()
+
+    async def reconcile(self, state: SessionState, plan: Mapping[str, Any], start: ToolStart) -> None:
+        """`Session.reconcile`, awaited (`runtime_reconcile.ask_async`)."""
+        tool = self.tools[start.tool_name]
+        answer = await ask_async(tool, start)
+        decided = decision(tool, start, answer)
+        call = AsyncToolCall(self, start, begun=True)
+        if decided == "ran":
+            assert isinstance(answer, Ran)
+            await call.record_reconciled(*ran_output(tool, answer))
+        elif decided == "notRun":
+            call.note = "notRun"
+            await call.run()
+        else:
+            await self.commit(facts_for_plan(state, plan, self.configuration.current))
 
 
 class AsyncRun(RunBase):
@@ -192,13 +213,13 @@ class AsyncToolCall(ToolCallBase):
         await self._begin()
         self.tool_ran = True
         try:
-            output = self.session.tools[self.name].run(self.arguments)
+            output = self.call_tool()
             if inspect.isawaitable(output):
                 output = await output
         except Exception as error:
-            return await self._record(failure_text(error), False, None)
+            return await self._record(noted(failure_text(error), self.note), False, None)
         text, ok = tool_output(self.name, output)
-        return await self._record(text, ok, None)
+        return await self._record(noted(text, self.note), ok, None)
 
     async def finish(self, output: str, *, ok: bool = True, usage: Mapping[str, int] | None = None) -> None:
         self._check_begun()
@@ -208,6 +229,10 @@ class AsyncToolCall(ToolCallBase):
 
     async def fail(self, message: str) -> None:
         await self.finish(message, ok=False)
+
+    async def record_reconciled(self, text: str, ok: bool) -> str:
+        """The result reconciliation found (`Ran`): the call ran before the crash."""
+        return await self._record(text, ok, None)
 
     async def _record(self, output: str, ok: bool, usage: Mapping[str, int] | None) -> str:
         self.check_can_record(await self.session.state())

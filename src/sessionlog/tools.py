@@ -6,12 +6,25 @@ snapshot (name and definition digest) and the planner's current configuration (t
 `replay` and `replayKey`). A tool declared `safe` is a read: recovery may run it again for an
 intent whose result is unknown. Every other tool is `never`: its result is settled as
 *interrupted*, and it is never run twice.
+
+Two declarations use the call's idempotency key (`ToolCall.key`, made from its intent's fact id:
+durable before the effect, the same on replay, reconciliation and in a fork), passed as the
+tool's second argument, `run(arguments, key)` (docs/idempotency.md):
+
+* `idempotent=True`: running again with the same key is harmless (the counterpart deduplicates
+  by it). In the contract's terms the tool is `safe` with its own replay key (`idempotent:NAME:
+  DIGEST`), so every port's planner replays a pending intent of it, and the runtime passes the
+  same key again.
+* `reconcile=fn`: a `never` tool whose counterpart can say, by key, whether the call ran. After a
+  crash, before its pending intent is settled as interrupted, the runtime asks `fn(key,
+  arguments)`: `Ran(output)` (the result is committed), `DidNotRun()` (the tool runs now, with the
+  same key), or `Unknown(why)` (settled as interrupted, as is a failure or a timeout of `fn`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +33,39 @@ from .core.commit import first_non_json
 from .core.errors import shown
 from .schema import CurrentConfiguration, CurrentTool, Replay
 
-ToolFunction = Callable[[dict[str, Any]], "str | Awaitable[str]"]
+ToolFunction = Callable[..., Any]
+"""`run(arguments)`, or `run(arguments, key)` for a tool that takes the call's key
+(`Tool.keyed`); it returns the output (text or a JSON value), or an awaitable of it (async)."""
+ReconcileFunction = Callable[[str, dict[str, Any]], Any]
+"""`reconcile(key, arguments)`: `Ran(output)`, `DidNotRun()` or `Unknown(why)` (or an awaitable
+of one, for the async runtime)."""
+
+RECONCILE_TIMEOUT = 10.0
+"""Seconds a reconcile function may take (default) before its answer counts as unknown."""
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A reconcile answer: the call ran before the crash; `output` is its result (as a tool's
+    output: text or a JSON value), `ok=False` for an error result."""
+
+    output: object
+    ok: bool = True
+
+
+@dataclass(frozen=True)
+class DidNotRun:
+    """A reconcile answer: the call never took effect; the tool runs now, with the same key."""
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """A reconcile answer: the counterpart cannot tell; the call is settled as interrupted."""
+
+    why: str = ""
+
+
+RECONCILE_ANSWERS = (Ran, DidNotRun, Unknown)
 
 
 @dataclass(frozen=True)
@@ -28,7 +73,10 @@ class Tool:
     """One tool: `run(arguments) -> output text` (a coroutine function for the async runtime),
     the definition the model sees (`description`, JSON-schema `parameters`), and its replay
     policy. `replay_key` names what a replay must match (default: the name and the definition's
-    digest, so that changing the tool blocks the replay of an old intent)."""
+    digest, so that changing the tool blocks the replay of an old intent). `idempotent=True`
+    makes it `safe`, replayed with the same key; `reconcile=fn` lets recovery ask whether a call
+    of a `never` tool ran (`reconcile_timeout` seconds at most); both make it `keyed`: it is run
+    as `run(arguments, key)`."""
 
     name: str
     run: ToolFunction
@@ -36,6 +84,9 @@ class Tool:
     parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object"})
     replay: Replay = "never"
     replay_key: str | None = None
+    idempotent: bool = False
+    reconcile: ReconcileFunction | None = None
+    reconcile_timeout: float = RECONCILE_TIMEOUT
 
     def __post_init__(self) -> None:
         if type(self.name) is not str:
@@ -55,6 +106,24 @@ class Tool:
             )
         if not callable(self.run):
             raise TypeError(f"tool {shown(self.name)}: run must be callable")
+        if type(self.idempotent) is not bool:
+            raise TypeError(f"tool {shown(self.name)}: idempotent is True or False")
+        if self.reconcile is not None and not callable(self.reconcile):
+            raise TypeError(f"tool {shown(self.name)}: reconcile is a function (key, arguments) or None")
+        timeout = self.reconcile_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ValueError(f"tool {shown(self.name)}: reconcile_timeout is a number of seconds above 0")
+        if self.idempotent and self.reconcile is not None:
+            raise ValueError(
+                f"tool {shown(self.name)}: idempotent and reconcile exclude each other (an idempotent tool "
+                "is run again with its key; reconcile asks about a tool that must not be)"
+            )
+        if self.idempotent:  # in the contract's terms: safe, under its own replay key
+            object.__setattr__(self, "replay", "safe")
+        if self.reconcile is not None and self.replay == "safe":
+            raise ValueError(
+                f"tool {shown(self.name)}: reconcile is for a tool recovery never runs again (replay='never')"
+            )
 
     @property
     def definition(self) -> dict[str, Any]:
@@ -66,7 +135,17 @@ class Tool:
 
     @property
     def key(self) -> str:
-        return self.replay_key or f"{self.name}:{self.definition_digest[7:19]}"
+        """The replay key: `replay_key`, else `NAME:DIGEST` (`idempotent:NAME:DIGEST` for an
+        idempotent tool, so that a read and an idempotent effect never replay as each other)."""
+        if self.replay_key:
+            return self.replay_key
+        kind = "idempotent:" if self.idempotent else ""
+        return f"{kind}{self.name}:{self.definition_digest[7:19]}"
+
+    @property
+    def keyed(self) -> bool:
+        """Whether it is run as `run(arguments, key)`: idempotent, or reconciled."""
+        return self.idempotent or self.reconcile is not None
 
 
 class Tools(Mapping[str, Tool]):
