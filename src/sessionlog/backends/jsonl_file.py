@@ -244,6 +244,43 @@ class JsonlFile:
         self._size = offset
         return b"".join(chunks)
 
+    # -- the snapshot seam (`core.snapshot`: the core decides what a snapshot holds and trusts) --
+
+    def read_prefix(self, length: int) -> bytes:
+        """The file's first `length` bytes (fewer if it is shorter), leaving `_size` alone."""
+        chunks = []
+        offset = 0
+        while offset < length:
+            chunk = os.pread(self._fd, length - offset, offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            offset += len(chunk)
+        return b"".join(chunks)
+
+    def read_snapshot(self) -> bytes | None:
+        """The snapshot beside the file, or None when there is none."""
+        return read_snapshot_file(self.path)
+
+    def write_snapshot(self, blob: bytes) -> None:
+        """Replace the snapshot beside the file: written whole under a temporary name (0600) and
+        renamed over it. Not synced: a snapshot claims nothing (a lost or torn one is ignored)."""
+        target = snapshot_path(self.path)
+        temporary = temporary_path(target, "snapshotting")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, _MODE)
+        try:
+            try:
+                view = memoryview(blob)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+            os.replace(temporary, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+
     def truncate(self, length: int) -> None:
         self._check_size()
         self._ops.ftruncate(self._fd, length)
@@ -363,7 +400,38 @@ def remove_stale_temporaries(path: Path) -> None:
             os.unlink(path.parent / name)
 
 
-_PURPOSES = ("creating", "converting")
+_PURPOSES = ("creating", "converting", "snapshotting")
+SNAPSHOT_SUFFIX = ".snapshot"
+
+
+def snapshot_path(path: str | os.PathLike[str]) -> Path:
+    """Where the snapshot of the session file `path` is kept: `.NAME.snapshot` beside it (a
+    hidden name: no listing takes it for a session, whatever suffix it looks for)."""
+    path = Path(path)
+    return path.parent / f".{path.name}{SNAPSHOT_SUFFIX}"
+
+
+def read_snapshot_file(path: str | os.PathLike[str]) -> bytes | None:
+    """The snapshot of the session file `path`; None when there is none (or it is no file)."""
+    try:
+        fd = os.open(snapshot_path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks = []
+        while chunk := os.read(fd, 1 << 24):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def remove_snapshot(path: str | os.PathLike[str]) -> None:
+    """Remove the snapshot of the session file `path`, if there is one."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(snapshot_path(path))
 
 
 def process_alive(pid: int) -> bool:

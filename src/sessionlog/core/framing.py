@@ -68,19 +68,20 @@ def line_of(data: bytes, offset: int) -> tuple[int, int]:
     return data.count(b"\n", 0, offset) + 1, data.rfind(b"\n", 0, offset) + 1
 
 
-def check_committed(data: bytes, end: int) -> None:
+def check_committed(data: bytes, end: int, start: int = 0) -> None:
     """Whole-prefix checks that precede the line-by-line ones: surrogates, then UTF-8.
 
     The strict decoder rejects encoded surrogates too, so a prefix that decodes holds none; only
-    when decoding fails is the prefix searched for a surrogate, which is reported first."""
+    when decoding fails is the prefix searched for a surrogate, which is reported first.
+    `start` (a line start): check only data[start:end], the rest being known good."""
     view = memoryview(data)
-    start = 0
+    first = start
     while start < end:
         stop = min(start + _UTF8_CHUNK, end)
         try:
             _, consumed = codecs.utf_8_decode(view[start:stop], "strict", stop == end)
         except UnicodeDecodeError as error:
-            found = _SURROGATE.search(data, 0, end)
+            found = _SURROGATE.search(data, first, end)
             if found is not None:
                 line, begin = line_of(data, found.start())
                 raise CorruptionError(
@@ -94,13 +95,14 @@ def check_committed(data: bytes, end: int) -> None:
         start += consumed  # a character cut by the chunk's end is decoded with the next chunk
 
 
-def lines(data: bytes, end: int, max_line_bytes: int | None = None) -> Iterator[tuple[int, int, bytes]]:
-    """(line number, byte offset of the line, line bytes without the LF) for data[:end]. A line
-    longer than `max_line_bytes` is refused here, before it is copied; one longer than
-    `LARGE_LINE` comes as a memoryview of `data`, not a copy."""
+def lines(
+    data: bytes, end: int, max_line_bytes: int | None = None, *, start: int = 0, number: int = 1
+) -> Iterator[tuple[int, int, bytes]]:
+    """(line number, byte offset of the line, line bytes without the LF) for data[start:end]
+    (`start` a line start, numbered `number`). A line longer than `max_line_bytes` is refused
+    here, before it is copied; one longer than `LARGE_LINE` comes as a memoryview of `data`, not
+    a copy."""
     find = data.find
-    start = 0
-    number = 1
     view = memoryview(data)
     while start < end:
         stop = find(b"\n", start, end)

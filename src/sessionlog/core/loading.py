@@ -163,6 +163,15 @@ def _load(data: bytes, max_line_bytes: int, nul_tail: bool, nul_window: int) -> 
         if isinstance(error, CorruptionError):
             raise
         raise CorruptionError(error.code, 1, None, error.detail, offset=0) from None
+    reduce_lines(reducer, numbered, max_line_bytes)
+    return reducer, end
+
+
+def reduce_lines(
+    reducer: Reducer, numbered: Iterator[tuple[int, int, bytes]], max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+) -> None:
+    """Apply committed lines (`framing.lines`) to `reducer`, the collector paused; a line that
+    does not reduce is CorruptionError at its line and offset."""
     apply = reducer.apply
     with gc_paused():
         for number, offset, raw in numbered:
@@ -173,7 +182,6 @@ def _load(data: bytes, max_line_bytes: int, nul_tail: bool, nul_window: int) -> 
                 raise CorruptionError(
                     error.code, error.line, error.seq, error.detail, offset=offset
                 ) from None
-    return reducer, end
 
 
 def valid_prefix(

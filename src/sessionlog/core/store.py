@@ -7,6 +7,7 @@ contract demands happens here and in `commit.py`, once for every backend.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
@@ -25,8 +26,11 @@ from .errors import (
     shown,
 )
 from .framing import DEFAULT_MAX_LINE_BYTES, NUL_WINDOW
-from .loading import check_torn_tail, load
+from .loading import check_torn_tail
+from .snapshot import encode, load_with_snapshot, worth_writing
 from .state import SessionState
+
+_log = logging.getLogger("sessionlog.snapshot")
 
 Durability = Literal["process", "power", "replicated"]
 Api = Literal["sync", "async"]
@@ -56,7 +60,13 @@ class BackendInfo:
 
 
 class SyncBackend(Protocol):
-    """One storage medium, synchronous. It never validates; it raises OSError when I/O fails."""
+    """One storage medium, synchronous. It never validates; it raises OSError when I/O fails.
+
+    The snapshot seam (`core.snapshot`), optional: a backend that keeps snapshots beside its log
+    also has `read_snapshot() -> bytes | None` (the stored snapshot, None when there is none or
+    it does not read), `write_snapshot(blob)` (replace it, never touching the log) and
+    `read_prefix(length) -> bytes` (the log's first `length` bytes, read without changing what
+    the writer believes of its file). The core decides what they hold and whether to trust it."""
 
     def read(self) -> bytes:
         """Every stored byte of the log."""
@@ -109,12 +119,48 @@ def reduce_stored(
     """The stored bytes of a backend to a pipeline; returns it and the committed length.
     `nul_tail` only for the power class (`core.loading`); the pipeline refuses to write a line
     longer than `max_line_bytes`, which the same store could not read back."""
-    reducer, end = load(
-        data, path=path, max_line_bytes=max_line_bytes, nul_tail=nul_tail, nul_window=nul_window
+    pipeline, end, _ = reduce_stored_from(
+        data, None, path, nul_tail=nul_tail, nul_window=nul_window, max_line_bytes=max_line_bytes
+    )
+    return pipeline, end
+
+
+def reduce_stored_from(
+    data: bytes,
+    snapshot: bytes | None,
+    path: Path,
+    *,
+    nul_tail: bool = False,
+    nul_window: int = 0,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+) -> tuple[CommitPipeline, int, int]:
+    """`reduce_stored`, from `snapshot` when it belongs to `data` (`core.snapshot`: the result
+    is the same either way); also returns the lines the snapshot covered (0: none used)."""
+    reducer, end, covered = load_with_snapshot(
+        data, snapshot, path=path, max_line_bytes=max_line_bytes, nul_tail=nul_tail, nul_window=nul_window
     )
     check_torn_tail(data, end, reducer.next_seq, path=path)
     lines = data.count(b"\n", 0, end)
-    return CommitPipeline(reducer, end, lines, max_line_bytes=max_line_bytes), end
+    return CommitPipeline(reducer, end, lines, max_line_bytes=max_line_bytes), end, covered
+
+
+def read_snapshot_quietly(read: Callable[[], bytes | None] | None, path: Path) -> bytes | None:
+    """A backend's stored snapshot, or None: a snapshot that cannot be read is no snapshot."""
+    if read is None:
+        return None
+    try:
+        return read()
+    except Exception as error:  # a cache: never the user's error
+        _log.warning("%s: the snapshot could not be read (%r); reducing the whole log", path, error)
+        return None
+
+
+def snapshot_of(pipeline: CommitPipeline, prefix: bytes) -> bytes | None:
+    """The snapshot of an idle pipeline's state, given the log's first `pipeline.length` bytes
+    (`read_prefix`); None when the bytes are not that long (something else changed the file)."""
+    if pipeline.pending or len(prefix) != pipeline.length:
+        return None
+    return encode(pipeline.reducer, prefix, pipeline.length, pipeline.max_line_bytes)
 
 
 class StoreStatus:
@@ -180,6 +226,8 @@ class SessionStore(StoreStatus):
         super().__init__(path, info, torn_bytes)
         self._backend = backend
         self._pipeline = pipeline
+        self.snapshot_lines = 0  # the lines the snapshot loaded (or last written) covers
+        self.snapshot_failures = 0  # snapshot writes that failed (ignored: the log is untouched)
         pipeline.line_facts = getattr(backend, "line_facts", False)  # lines that carry their facts
         self._lock = threading.Lock()
         self._owner = 0  # the thread inside a call, to refuse a re-entrant one instead of deadlocking
@@ -198,13 +246,18 @@ class SessionStore(StoreStatus):
         try:
             check_max_line_bytes(max_line_bytes)
             data = backend.read()
-            pipeline, end = reduce_stored(data, path, **info.nul_rule(), max_line_bytes=max_line_bytes)
+            snapshot = read_snapshot_quietly(getattr(backend, "read_snapshot", None), path)
+            pipeline, end, covered = reduce_stored_from(
+                data, snapshot, path, **info.nul_rule(), max_line_bytes=max_line_bytes
+            )
             if end < len(data):
                 backend.truncate(end)
         except BaseException:
             backend.close()
             raise
-        return cls(backend, pipeline, path, info, len(data) - end)
+        store = cls(backend, pipeline, path, info, len(data) - end)
+        store.snapshot_lines = covered
+        return store
 
     def commit(self, facts: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Commit one transaction; return its facts with seq, id and timestamp. Durable per the
@@ -251,8 +304,35 @@ class SessionStore(StoreStatus):
             self._check()
             return self._pipeline.state()
 
+    def write_snapshot(self) -> bool:
+        """Write a snapshot of the state now (`core.snapshot`), whatever `worth_writing` says;
+        whether one was written. Never raises for a failed write (counted in
+        `snapshot_failures`, logged): the log is never touched, nor the store poisoned."""
+        with self._call():
+            self._check()
+            return self._write_snapshot()
+
+    def _write_snapshot(self) -> bool:
+        backend = self._backend
+        write, read_prefix = getattr(backend, "write_snapshot", None), getattr(backend, "read_prefix", None)
+        if write is None or read_prefix is None:
+            return False
+        pipeline = self._pipeline
+        try:
+            blob = snapshot_of(pipeline, read_prefix(pipeline.length))
+            if blob is None:
+                return False
+            write(blob)
+        except Exception as error:  # a cache: the log and the store stay as they were
+            self.snapshot_failures += 1
+            _log.warning("%s: writing a snapshot failed (%r); the log is unchanged", self.path, error)
+            return False
+        self.snapshot_lines = pipeline.lines
+        return True
+
     def close(self) -> None:
-        """Idempotent. After close every call raises StoreClosedError."""
+        """Idempotent. After close every call raises StoreClosedError. Writes a snapshot first
+        when one pays (`core.snapshot.worth_writing`)."""
         if self._pid != os.getpid():  # a fork's copy: the parent's file is not this process's to close
             self._closed = True
             return
@@ -260,7 +340,11 @@ class SessionStore(StoreStatus):
             if self._closed:
                 return
             self._closed = True
-            self._backend.close()
+            try:
+                if self._poisoned is None and worth_writing(self._pipeline.lines, self.snapshot_lines):
+                    self._write_snapshot()
+            finally:
+                self._backend.close()
 
     def _refuse_reentrant(self) -> None:
         raise ReentrantCallError(

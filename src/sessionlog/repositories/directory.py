@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..backends.jsonl_file import process_alive, read_session_file
+from ..backends.jsonl_file import process_alive, read_session_file, remove_snapshot
 from ..core.errors import (
     RepositoryError,
     RepositoryNotFoundError,
@@ -274,6 +274,8 @@ class DirectoryRepository(RepositoryBase):
         self._refuse_closed("delete", session_id)
         path = self.path(session_id)
         _unlink_unheld(path, session_id)
+        with contextlib.suppress(OSError):  # its snapshot goes with it (a stale one is never read)
+            remove_snapshot(path)
         with self._lock:
             if self._cached is not None:
                 self._cached.pop(session_id, None)
@@ -463,7 +465,9 @@ def _unlink_unheld(path: Path, session_id: str) -> None:
         os.close(fd)  # releases the lock, now that the name is gone
 
 
-_TEMPORARY = re.compile(r"\.(\.?[0-9a-f-]{36}\.jsonl.*)\.([0-9]+)\.[0-9a-f]{12}\.(?:creating|converting)")
+_TEMPORARY = re.compile(
+    r"\.(\.?[0-9a-f-]{36}\.jsonl.*)\.([0-9]+)\.[0-9a-f]{12}\.(?:creating|converting|snapshotting)"
+)
 
 
 def remove_debris(directory: Path) -> None:
