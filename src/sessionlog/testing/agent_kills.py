@@ -22,7 +22,15 @@ It counts, per design (`intents="tool"`, the default, and `intents="step"`):
 * tools out of the model's order (a tool of a step that began after a later tool of that step);
 * runs finished (completed, failed, aborted) and restarts.
 
-    python -m sessionlog.testing.agent_kills run --kills 200 [--intents tool|step]
+`against="ledger"` (issue 27) runs the same loop against a real counterpart instead of an
+effects file: the test service of `testing.ledger_service`, in its own process with its own
+durable ledger, which honours idempotency keys and answers status queries by key. Each step asks
+for a `charge` (declared `idempotent`: replayed with its key), a `deploy` (with `reconcile`: after
+a crash the service is asked by key whether it ran) and a `bash` (neither). The report then has
+`ledger` (`LedgerFigures`): charges per intended call (exactly 1), deploys reconciled as ran, as
+not run, or interrupted, bash never run twice.
+
+    python -m sessionlog.testing.agent_kills run --kills 200 [--intents tool|step] [--against ledger]
 """
 
 from __future__ import annotations
@@ -44,10 +52,17 @@ from pathlib import Path
 from typing import Any
 
 from ..core.loading import reduce_bytes
+from .ledger_service import LedgerFigures, Service, agent_tools, ledger_figures
 
 PROMPTS = 2
 STEPS = 2  # tool steps per run; then the answer
 TOOLS = ("read", "write", "bash")
+SCENARIOS = {"files": TOOLS, "ledger": ("charge", "deploy", "bash")}
+"""The tools of a step, by counterpart (`against`): the first of each may run again (a safe
+read; an idempotent charge), and so may a reconciled `deploy` that had not run."""
+RUN_AGAIN = {"read", "charge", "deploy"}
+"""Tools whose call may begin more than once (`deploy`: run again when reconciliation says it
+had not run; that it never took effect twice is the ledger's figure)."""
 KILLS = ("anywhere", "model", "model-twice", "tool", "recovery")
 INTERRUPTED = "Operation interrupted"
 HUNG = 60  # seconds: a child still running then dumps its stacks and exits (1)
@@ -56,6 +71,7 @@ HUNG = 60  # seconds: a child still running then dumps its stacks and exits (1)
 @dataclass
 class AgentKillReport:
     intents: str = "tool"
+    against: str = "files"
     kills: int = 0
     kinds: dict[str, int] = field(default_factory=dict)
     """Kills by kind (`KILLS`) that landed before the child was done."""
@@ -82,6 +98,8 @@ class AgentKillReport:
     never_started: list[str] = field(default_factory=list)
     """Which calls were settled as interrupted although they never began (folder: tool key)."""
     seconds: float = 0.0
+    ledger: LedgerFigures | None = None
+    """Against the ledger service: what it and the logs hold at the end."""
 
     @property
     def ok(self) -> bool:
@@ -95,15 +113,17 @@ class AgentKillReport:
 
     def summary(self) -> str:
         kinds = ", ".join(f"{kind} {self.kinds.get(kind, 0)}" for kind in KILLS)
+        ledger = f"; against the ledger: {self.ledger.summary()}" if self.ledger else ""
+        replayed = "idempotent charges" if self.against == "ledger" else "safe reads"
         return (
             f"intents={self.intents}: {self.kills} kills ({kinds}); {self.sessions} sessions, "
             f"{self.runs_finished} runs finished ({self.completed} completed, {self.failed} failed, "
             f"{self.aborted} aborted), {self.restarts} restarts; {self.tool_runs} tool runs, "
-            f"{self.replays} safe reads replayed, {self.interrupted} settled as interrupted; "
+            f"{self.replays} {replayed} replayed, {self.interrupted} settled as interrupted; "
             f"{self.run_twice} run twice, {self.never_started_interrupted} never started but settled as "
             f"interrupted (and {self.killed_before_the_tool_began} killed between their own intent and "
             f"their first instruction), {self.stuck} stuck, {self.out_of_order} out of order; "
-            f"{self.seconds:.0f} s"
+            f"{self.seconds:.0f} s{ledger}"
         )
 
 
@@ -125,13 +145,17 @@ def _say(line: str) -> None:
     os.write(_markers, (line + "\n").encode())
 
 
-def child_main(folder: Path, seed: int, intents: str, killed_in_model: bool = False) -> None:
+def child_main(
+    folder: Path, seed: int, intents: str, killed_in_model: bool = False, ledger: str | None = None
+) -> None:
     """The scripted agent. `killed_in_model`: the parent kills it during its first model request,
-    which then waits for that kill (so that it lands there even on a loaded machine)."""
+    which then waits for that kill (so that it lands there even on a loaded machine). `ledger`:
+    the URL of the ledger service to run the ledger scenario's tools against."""
     import sessionlog
 
     rng = random.Random(seed)
     effects = folder / "effects.log"
+    names = SCENARIOS["ledger" if ledger else "files"]
 
     def tool(name: str, seconds: float) -> Any:
         def run(arguments: dict[str, Any]) -> str:
@@ -142,11 +166,17 @@ def child_main(folder: Path, seed: int, intents: str, killed_in_model: bool = Fa
 
         return run
 
+    def began(name: str, key: str) -> None:
+        _append(effects, f"{name} {key}")  # from here on the effect may have happened
+        _say(f"tool {name}")
+
     tools = [
         sessionlog.Tool("read", tool("read", 0.010), replay="safe"),
         sessionlog.Tool("write", tool("write", 0.006)),
         sessionlog.Tool("bash", tool("bash", 0.006)),
     ]
+    if ledger:
+        tools = agent_tools(ledger, began, lambda seconds: time.sleep(rng.random() * seconds))
     path = folder / "session.jsonl"
     if path.exists():
         store = sessionlog.open(path, "jsonl-fsync")
@@ -171,7 +201,7 @@ def child_main(folder: Path, seed: int, intents: str, killed_in_model: bool = Fa
         if step >= STEPS:
             return f"answer {prompt}", []
         key = f"{prompt}.{run.operation_id[-12:]}.{step}"
-        return None, [{"id": f"{name[0]}{key}", "name": name, "arguments": {"key": key}} for name in TOOLS]
+        return None, [{"id": f"{name[0]}{key}", "name": name, "arguments": {"key": key}} for name in names]
 
     while True:  # the README's quick start, once per prompt
         _say("resume")
@@ -231,8 +261,8 @@ def _check(folder: Path, report: AgentKillReport, *, final: bool) -> None:
     seen: dict[tuple[str, str], int] = {}
     for name, key in effects:
         seen[(name, key)] = seen.get((name, key), 0) + 1
-    twice = {f"{name} {key}" for (name, key), count in seen.items() if count > 1 and name != "read"}
-    order = {name: index for index, name in enumerate(TOOLS)}
+    twice = {f"{name} {key}" for (name, key), count in seen.items() if count > 1 and name not in RUN_AGAIN}
+    order = {name: index for names in SCENARIOS.values() for index, name in enumerate(names)}
     late: set[str] = set()
     for position, (name, key) in enumerate(effects):
         if any(order[other] > order[name] and k == key for other, k in effects[:position]):
@@ -287,7 +317,7 @@ def _check(folder: Path, report: AgentKillReport, *, final: bool) -> None:
     report.aborted += data.count(b'"outcome":"aborted"')
     report.tool_runs += len(effects)
     report.bash_runs += sum(1 for name, _ in effects if name == "bash")
-    report.replays += sum(count - 1 for (name, _), count in seen.items() if name == "read")
+    report.replays += sum(count - 1 for (name, _), count in seen.items() if name in ("read", "charge"))
     prompts = {message["content"] for message in state.transcript if message["role"] == "user"}
     if not state.is_idle or len(prompts) != PROMPTS:
         report.stuck += 1
@@ -299,9 +329,17 @@ class Child:
     harness spends its time on kills, not imports), and the markers it prints."""
 
     def __init__(
-        self, folder: Path, rng: random.Random, intents: str, *, killed_in_model: bool = False
+        self,
+        folder: Path,
+        rng: random.Random,
+        intents: str,
+        *,
+        killed_in_model: bool = False,
+        ledger: str | None = None,
     ) -> None:
         seed = rng.getrandbits(32)
+        self.names = SCENARIOS["ledger" if ledger else "files"]
+        """The tools of its steps."""
         self.errors = folder / "child.err"
         read, write = os.pipe()
         sys.stdout.flush()
@@ -318,7 +356,7 @@ class Child:
 
                 # a child that hangs says where, and ends: a failure to report, never a hung harness
                 faulthandler.dump_traceback_later(HUNG, exit=True, file=2)
-                child_main(folder, seed, intents, killed_in_model)
+                child_main(folder, seed, intents, killed_in_model, *([ledger] if ledger else []))
                 status = 0
             except BaseException:
                 import traceback
@@ -377,13 +415,13 @@ def _aim(child: Child, kind: str, rng: random.Random, span: float, first: bool) 
             return False
         time.sleep(rng.uniform(0, 0.004))  # the child waits in that request for this kill
     elif kind == "tool":
-        name = rng.choice(TOOLS)
+        name = rng.choice(child.names)
         if child.wait_for(f"tool {name}") is None:
             return False
         time.sleep(rng.uniform(0, 0.004))
     elif kind == "recovery":
         if first:  # a tool killed first, so that the next child's recovery has work to do
-            if child.wait_for(f"tool {rng.choice(TOOLS)}") is None:
+            if child.wait_for(f"tool {rng.choice(child.names)}") is None:
                 return False
         else:
             if child.wait_for("resume") is None:
@@ -393,12 +431,14 @@ def _aim(child: Child, kind: str, rng: random.Random, span: float, first: bool) 
     return True
 
 
-def _calibrate(folder: Path, rng: random.Random, intents: str) -> float:
-    """How long a whole child takes here, from ready to done: `anywhere` kills aim within it."""
+def _calibrate(folder: Path, rng: random.Random, intents: str, ledger: str | None = None) -> float:
+    """How long a whole child takes here, from ready to done: `anywhere` kills aim within it.
+    Against the ledger its session is kept: the ledger's effects are counted against it too."""
     folder.mkdir()
     started = time.monotonic()
-    Child(folder, rng, intents).end()
-    shutil.rmtree(folder, ignore_errors=True)
+    Child(folder, rng, intents, ledger=ledger).end()
+    if ledger is None:
+        shutil.rmtree(folder, ignore_errors=True)
     return time.monotonic() - started
 
 
@@ -409,19 +449,30 @@ def run_agent_kills(
     directory: str | os.PathLike[str] | None = None,
     intents: str = "tool",
     kinds: Sequence[str] = KILLS,
+    against: str = "files",
+    cannot_tell: float = 0.2,
 ) -> AgentKillReport:
     """SIGKILL `kills` children running the scripted agent (see the module docstring), each
-    kill of a kind drawn from `kinds`, under the design `intents` (`tool` or `step`)."""
+    kill of a kind drawn from `kinds`, under the design `intents` (`tool` or `step`), against
+    an effects file (`files`) or the ledger service (`ledger`, whose status queries answer 503
+    for a share `cannot_tell` of them)."""
     unknown = sorted(set(kinds) - set(KILLS))
     if unknown or not kinds:
         raise ValueError(f"kill kinds are some of {', '.join(KILLS)}, not {unknown or 'none'}")
-    report = AgentKillReport(intents=intents)
-    rng = random.Random(f"agent-kills:{seed}:{intents}")
+    if against not in SCENARIOS:
+        raise ValueError(f"against is one of {', '.join(SCENARIOS)}, not {against!r}")
+    report = AgentKillReport(intents=intents, against=against)
+    rng = random.Random(f"agent-kills:{seed}:{intents}:{against}")
     owned = directory is None
     root = Path(tempfile.mkdtemp(prefix="sessionlog-agent-")) if directory is None else Path(directory)
     started = time.monotonic()
+    service = None
+    if against == "ledger":
+        (root / "ledger").mkdir(parents=True)
+        service = Service(root / "ledger", unknown=cannot_tell, seed=seed)
+    ledger = service.url if service else None
     try:
-        span = _calibrate(root / "calibration", rng, intents) if "anywhere" in kinds else 0.0
+        span = _calibrate(root / "calibration", rng, intents, ledger) if "anywhere" in kinds else 0.0
         folder = root / "session-0"
         folder.mkdir(parents=True)
         plan: list[tuple[str, bool]] = []  # (kind, first of a pair) still to aim in this session
@@ -432,7 +483,9 @@ def run_agent_kills(
                 paired = kind in ("model-twice", "recovery")
                 plan = [(kind, True), (kind, False)] if paired else [(kind, True)]
             kind, first = plan.pop(0)
-            child = Child(folder, rng, intents, killed_in_model=kind in ("model", "model-twice"))
+            child = Child(
+                folder, rng, intents, killed_in_model=kind in ("model", "model-twice"), ledger=ledger
+            )
             landed = _aim(child, kind, rng, span, first)
             finished, code, error = child.end()
             if child.hung or code not in (0, -signal.SIGKILL) or (code == 0 and not finished):
@@ -459,7 +512,7 @@ def run_agent_kills(
                 folder.mkdir()
                 plan = []
         if (folder / "session.jsonl").exists():  # the last session: run it to its end, unkilled
-            child = Child(folder, rng, intents)
+            child = Child(folder, rng, intents, ledger=ledger)
             finished, code, error = child.end()
             report.restarts += child.lines.count("restart")
             if code != 0:
@@ -467,7 +520,14 @@ def run_agent_kills(
                 report.failures.append(f"{folder.name}: a child failed (exit {code}): {error}")
             _finish_session(folder, report)
             report.sessions += 1
+        if service is not None:
+            service.stop()
+            logs = sorted(root.glob("*/session.jsonl"))
+            report.ledger = ledger_figures(service.db, logs)
+            report.failures += report.ledger.failures
     finally:
+        if service is not None:
+            service.stop()
         report.seconds = time.monotonic() - started
         if owned:
             shutil.rmtree(root, ignore_errors=True)
@@ -487,10 +547,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--kills", type=int, default=200, help="kills per design")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--intents", choices=("tool", "step", "both"), default="both")
+    run.add_argument("--against", choices=tuple(SCENARIOS), default="files", help="the tools' counterpart")
     args = parser.parse_args(argv)
     ok = True
     for intents in ("tool", "step") if args.intents == "both" else (args.intents,):
-        report = run_agent_kills(args.kills, seed=args.seed, intents=intents)
+        report = run_agent_kills(args.kills, seed=args.seed, intents=intents, against=args.against)
         print(report.summary())
         for failure in report.failures[:10]:
             print("  ", failure)
