@@ -21,7 +21,7 @@ reduces only what was committed since (issue #25 item 1; docs/snapshots.md argue
   same whole-prefix checks of the tail (`framing.check_committed` from the covered length); when
   any of it fails, the full reduction runs again and raises its own error, so a corrupt log
   reports the same code, line and offset with or without a snapshot.
-* **Unpickling is restricted** to the three model classes' constructors (`find_class`), so a
+* **Unpickling is restricted** to the two rebuilders of model objects below (`find_class`), so a
   snapshot file cannot name any other callable. It is a cache of the log's owner, 0600 beside it:
   whoever can write it can write the log itself.
 * **When written** (`worth_writing`): on close, when at least `MIN_LINES` lines and an eighth of
@@ -76,20 +76,32 @@ def worth_writing(lines_total: int, lines_covered: int) -> bool:
 # -- writing ----------------------------------------------------------------------------------
 
 
-def _entry(entry: Entry) -> tuple[Any, ...]:
-    return (
-        Entry,
-        (
-            entry.kind,
-            entry.message,
-            entry.order,
-            entry.messages_through,
-            entry.operation_id,
-            entry.step_id,
-            entry.attempt_id,
-            entry.stop_reason,
-        ),
-    )
+# The entries table, the largest, goes as columns in `Entry`'s argument order: rebuilt by one
+# `map(Entry, ...)`, half the time of one pickled constructor call an entry. (An entry is
+# referred to only from that table, so no reference is lost.)
+_ENTRY_COLUMNS = (
+    "kind",
+    "message",
+    "order",
+    "messages_through",
+    "operation_id",
+    "step_id",
+    "attempt_id",
+    "stop_reason",
+)
+
+
+def _entry_columns(entries: dict[str, Entry]) -> tuple[list[Any], ...]:
+    values = entries.values()
+    return (list(entries), *([getattr(entry, name) for entry in values] for name in _ENTRY_COLUMNS))
+
+
+def _entries(columns: Any) -> dict[str, Entry] | None:
+    if type(columns) is not tuple or len(columns) != 1 + len(_ENTRY_COLUMNS):
+        return None
+    if any(type(column) is not list or len(column) != len(columns[0]) for column in columns):
+        return None
+    return dict(zip(columns[0], map(Entry, *columns[1:]), strict=True))
 
 
 def _attempt(attempt: Attempt) -> tuple[Any, ...]:
@@ -122,16 +134,17 @@ def encode(reducer: Reducer, data: bytes, length: int, max_line_bytes: int = DEF
     if len(data) < length or data[length - 1 : length] != b"\n":
         raise ValueError("the covered prefix must be committed bytes ending with a line")
     fields = {name: value for name, value in vars(reducer).items() if name not in _NOT_KEPT}
+    fields["entries"] = _entry_columns(reducer.entries)
     buffer = io.BytesIO()
     pickler = pickle.Pickler(buffer, protocol=5)
-    pickler.dispatch_table = {Entry: _entry, Attempt: _attempt, Operation: _operation}
-    pickler.dump(fields)
+    pickler.dispatch_table = {Attempt: _attempt, Operation: _operation}
+    # What the load must know besides the tables is in the body too, under its hash.
+    pickler.dump((fields, length, data.count(b"\n", 0, length), max_line_bytes))
     body = buffer.getvalue()
     meta = {
         **versions(),
         "session": reducer.header.get("id"),
         "covered": length,
-        "maxLineBytes": max_line_bytes,
         "prefix": hashlib.sha256(memoryview(data)[:length]).hexdigest(),
         "bodyLength": len(body),
         "body": hashlib.sha256(body).hexdigest(),
@@ -142,7 +155,6 @@ def encode(reducer: Reducer, data: bytes, length: int, max_line_bytes: int = DEF
 # -- reading ----------------------------------------------------------------------------------
 
 _ALLOWED = {
-    ("sessionlog.core.model", "Entry"): Entry,
     (__name__, "restored_attempt"): restored_attempt,
     (__name__, "restored_operation"): restored_operation,
 }
@@ -158,18 +170,18 @@ class _Restricted(pickle.Unpickler):
 
 def restore(
     blob: bytes, data: bytes, end: int, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
-) -> tuple[Reducer, int] | None:
-    """(The reducer `blob` holds, the length it covers), if it is a snapshot of this library of a
-    prefix of `data[:end]` (the committed part of the log in hand), that prefix is exactly the
-    bytes it covered, and its lines are within `max_line_bytes`; otherwise None. Never raises for
-    what the blob holds."""
+) -> tuple[Reducer, int, int] | None:
+    """(The reducer `blob` holds, the length and the lines it covers), if it is a snapshot of
+    this library of a prefix of `data[:end]` (the committed part of the log in hand), that prefix
+    is exactly the bytes it covered, and its lines are within `max_line_bytes`; otherwise None.
+    Never raises for what the blob holds."""
     try:
         return _restore(blob, data, end, max_line_bytes)
     except Exception:  # a snapshot that does not read is no snapshot: the full reduction runs
         return None
 
 
-def _restore(blob: bytes, data: bytes, end: int, max_line_bytes: int) -> tuple[Reducer, int] | None:
+def _restore(blob: bytes, data: bytes, end: int, max_line_bytes: int) -> tuple[Reducer, int, int] | None:
     if not blob.startswith(MAGIC):
         return None
     split = blob.find(b"\n", len(MAGIC))
@@ -178,10 +190,8 @@ def _restore(blob: bytes, data: bytes, end: int, max_line_bytes: int) -> tuple[R
     meta = orjson.loads(blob[len(MAGIC) : split])
     if type(meta) is not dict or any(meta.get(key) != value for key, value in versions().items()):
         return None
-    covered, body_length, longest = meta.get("covered"), meta.get("bodyLength"), meta.get("maxLineBytes")
+    covered, body_length = meta.get("covered"), meta.get("bodyLength")
     if type(covered) is not int or type(body_length) is not int or not 0 < covered <= end:
-        return None
-    if type(longest) is not int or longest > max_line_bytes:  # a line there may be too long now
         return None
     body = memoryview(blob)[split + 1 :]
     if len(body) != body_length or data[covered - 1] != 0x0A:
@@ -190,9 +200,10 @@ def _restore(blob: bytes, data: bytes, end: int, max_line_bytes: int) -> tuple[R
         return None
     if hashlib.sha256(memoryview(data)[:covered]).hexdigest() != meta.get("prefix"):
         return None
-    with gc_paused():
-        fields = _Restricted(io.BytesIO(body)).load()
-    if type(fields) is not dict:
+    fields, length, covered_lines, longest = _Restricted(io.BytesIO(body)).load()
+    if type(fields) is not dict or length != covered or type(covered_lines) is not int:
+        return None
+    if type(longest) is not int or longest > max_line_bytes:  # a line there may be too long now
         return None
     header = fields.get("header")
     if type(header) is not dict or header.get("id") != meta.get("session"):
@@ -200,8 +211,12 @@ def _restore(blob: bytes, data: bytes, end: int, max_line_bytes: int) -> tuple[R
     reducer = Reducer(header)
     if set(fields) != set(vars(reducer)) - _NOT_KEPT:
         return None
+    entries = _entries(fields["entries"])
+    if entries is None:
+        return None
+    fields["entries"] = entries
     reducer.__dict__.update(fields)
-    return reducer, covered
+    return reducer, covered, covered_lines
 
 
 def load_with_snapshot(
@@ -212,16 +227,16 @@ def load_with_snapshot(
     nul_tail: bool = False,
     nul_window: int = 0,
     path: Any = None,
-) -> tuple[Reducer, int, int]:
+) -> tuple[Reducer, int, int, int]:
     """`loading.load`, from the snapshot `blob` when it belongs to `data`: (the reducer, the
-    committed length, the lines the snapshot covered: 0 when none was used). The result is the
+    committed length, the lines and the bytes the snapshot covered: 0 when none was used). The result is the
     full reduction's, whatever `blob` holds; so is the error of a log that does not reduce."""
     if blob:
         end = committed_end(data, nul_tail=nul_tail, nul_window=nul_window)
-        restored = restore(blob, data, end, max_line_bytes) if end else None
+        with gc_paused():  # many small containers, all kept: as `loading` does
+            restored = restore(blob, data, end, max_line_bytes) if end else None
         if restored is not None:
-            reducer, covered = restored
-            covered_lines = data.count(b"\n", 0, covered)
+            reducer, covered, covered_lines = restored
             try:
                 check_committed(data, end, covered)
                 reduce_lines(
@@ -232,8 +247,8 @@ def load_with_snapshot(
             except CorruptionError:
                 pass  # the full reduction below raises the error with its place, as always
             else:
-                return reducer, end, covered_lines
+                return reducer, end, covered_lines, covered
     reducer, end = load(
         data, path=path, max_line_bytes=max_line_bytes, nul_tail=nul_tail, nul_window=nul_window
     )
-    return reducer, end, 0
+    return reducer, end, 0, 0

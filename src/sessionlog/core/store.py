@@ -136,11 +136,11 @@ def reduce_stored_from(
 ) -> tuple[CommitPipeline, int, int]:
     """`reduce_stored`, from `snapshot` when it belongs to `data` (`core.snapshot`: the result
     is the same either way); also returns the lines the snapshot covered (0: none used)."""
-    reducer, end, covered = load_with_snapshot(
+    reducer, end, covered, covered_bytes = load_with_snapshot(
         data, snapshot, path=path, max_line_bytes=max_line_bytes, nul_tail=nul_tail, nul_window=nul_window
     )
     check_torn_tail(data, end, reducer.next_seq, path=path)
-    lines = data.count(b"\n", 0, end)
+    lines = covered + data.count(b"\n", covered_bytes, end)
     return CommitPipeline(reducer, end, lines, max_line_bytes=max_line_bytes), end, covered
 
 
