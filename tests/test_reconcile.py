@@ -246,3 +246,17 @@ def test_every_fact_of_a_reconciliation_follows_the_shared_contract(tmp_path: Pa
     data = (tmp_path / "s.jsonl").read_bytes()
     assert schema_valid(data, header, transaction)
     assert sessionlog.reduce_bytes(data).tool_calls[0]["status"] == "completed"
+
+
+def test_inspect_shows_what_reconciliation_decided_and_a_pending_call_s_key(cli: Any, tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    deploys = Deploys(lambda: Ran("deployed v2"))
+    key = _crashed(path, deploys)
+    pending = cli("inspect", path)
+    assert pending.code == 0 and f"      idempotency key {key}\n" in pending.out
+    _resumed(path, deploys)
+    run = cli("inspect", path)
+    assert "reconciled   1 call after a crash: 1 had run (result from its counterpart), 0 had not" in run.out
+    assert "  deploy 1: ran" in run.out
+    report = cli("inspect", path, "--json").json()
+    assert report["reconciled"] == [{"toolCallId": "1", "toolName": "deploy", "decision": "ran"}]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..core.errors import (
@@ -10,6 +11,8 @@ from ..core.errors import (
 )
 from ..core.loading import check_torn_tail, reduce_bytes, valid_prefix
 from ..plugins.registry import Registry
+from ..recovery import idempotency_key
+from ..runtime_reconcile import reconciliation
 from .describe import counter_text, created_text
 from .output import PROG, compact, out, out_json
 from .sessions import (
@@ -71,6 +74,7 @@ def cmd_inspect(args: argparse.Namespace, registry: Registry) -> int:
         "operation": state.operation,
         "openAttempt": state.open_attempt,
         "pendingIntents": state.pending_tools,
+        "reconciled": reconciled_calls(state.transcript),
         "usageTotals": state.usage.to_json(),
     }
     if args.json:
@@ -134,9 +138,35 @@ def cmd_inspect(args: argparse.Namespace, registry: Registry) -> int:
             f"{tool['replayKey']}) intent {tool['toolStartedId']}, result {tool['resultEntryId']}, "
             f"arguments {shortened(compact(tool['arguments']))}"
         )
+        out(f"      idempotency key {idempotency_key(tool['toolStartedId'])}")
+    reconciled = report["reconciled"]
+    if reconciled:
+        ran = sum(1 for call in reconciled if call["decision"] == "ran")
+        out(
+            f"reconciled   {len(reconciled)} call{'' if len(reconciled) == 1 else 's'} after a crash: "
+            f"{ran} had run "
+            f"(result from its counterpart), {len(reconciled) - ran} had not (run then, same key)"
+        )
+        for call in reconciled:
+            out(f"  {call['toolName']} {call['toolCallId']}: {call['decision']}")
     usage = state.usage.to_json()
     out("usage        " + ", ".join(f"{key} {value:,}" for key, value in usage.items()))
     return 0
+
+
+def reconciled_calls(transcript: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
+    """The tool results reconciliation decided (`runtime_reconcile`), in log order: the call's
+    id, its tool's name and `ran` or `notRun`."""
+    names: dict[str, str] = {}
+    found = []
+    for message in transcript:
+        for call in message.get("tool_calls") or []:
+            names[call["id"]] = call["function"]["name"]
+        decided = reconciliation(message.get("content")) if message["role"] == "tool" else None
+        if decided is not None:
+            call_id = message["tool_call_id"]
+            found.append({"toolCallId": call_id, "toolName": names.get(call_id, "?"), "decision": decided})
+    return found
 
 
 SHOWN_ARGUMENTS = 160  # characters of a pending call's arguments `inspect` shows
