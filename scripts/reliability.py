@@ -153,6 +153,53 @@ def agent_loop(kills: int, directory: Path) -> tuple[Table, bool]:
     return rows, ok
 
 
+def idempotency(kills: int, directory: Path) -> tuple[Table, bool]:
+    """Issue 27: the README's loop against the ledger service (its own process, a durable SQLite
+    ledger honouring keys, status by key): an idempotent charge, a reconciled deploy, a bash;
+    killed and run again, per design."""
+    rows, ok = [], True
+    for intents, test in (
+        (
+            "tool",
+            "kill -9 of an agent loop against a keyed ledger service (idempotent charge, reconciled deploy)",
+        ),
+        ("step", 'kill -9 of an agent loop against a keyed ledger service, `intents="step"`'),
+    ):
+        folder = directory / f"ledger-{intents}"
+        folder.mkdir()
+        report = _timed(
+            f"kill -9 of the agent loop against the ledger service (intents={intents})",
+            lambda folder=folder, intents=intents: run_agent_kills(
+                kills, directory=folder, intents=intents, against="ledger", seed=27
+            ),
+        )
+        ledger = report.ledger
+        assert ledger is not None
+        kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(report.kinds.items()))
+        ok = ok and report.ok
+        rows.append(
+            Row(
+                test,
+                "jsonl-fsync",
+                "power",
+                f"{report.kills} kills ({kinds}); {report.sessions} sessions, {report.runs_finished} runs "
+                f"finished; charges: {ledger.intended.get('charge', 0)} intended, "
+                f"{ledger.made.get('charge', 0)} made ({ledger.double['charge']} double, "
+                f"{ledger.missing['charge']} missing; {report.replays} replayed with their key, "
+                f"{ledger.deduplicated['charge']} of them deduplicated by the ledger); deploys: "
+                f"{ledger.intended.get('deploy', 0)} intended, {ledger.made.get('deploy', 0)} made "
+                f"({ledger.double['deploy']} double), {ledger.reconciled_ran} reconciled as ran, "
+                f"{ledger.reconciled_not_run} as not run (run then, same key), "
+                f"{ledger.interrupted.get('deploy', 0)} interrupted (the ledger answered 503); bash: "
+                f"{ledger.intended.get('bash', 0)} intended, {report.run_twice} run twice, "
+                f"{ledger.interrupted.get('bash', 0)} interrupted; at most {ledger.keys_per_call} key a call",
+                "0 charges lost or doubled",
+                "pass" if report.ok else "FAIL: " + "; ".join(report.failures[:2]),
+            )
+        )
+    return rows, ok
+
+
 def sqlite_writers(kills: int, directory: Path) -> tuple[Table, bool]:
     """kill -9 of SQLite writers (sync, and async: eight commits at once through the writer
     thread), and a real full disk under each SQLite backend."""
@@ -592,6 +639,13 @@ EXPLANATION = """\
   (the default) no tool that never began is settled as interrupted except one killed between
   its own intent and its first instruction (the window no intent-before-effect design closes);
   with `intents="step"` the later tools of a step killed in an earlier one are, counted.
+* **kill -9 of an agent loop against a keyed ledger service** (issue 27, docs/idempotency.md):
+  the same loop, its steps a `charge` declared `idempotent`, a `deploy` with `reconcile` and a
+  `bash` with neither, against a test service in its own process with a durable SQLite ledger
+  that honours idempotency keys and answers status by key (a fifth of status queries answer 503:
+  the counterpart cannot tell). Every intended charge is in the ledger exactly once, no deploy
+  takes effect twice, every call is sent with one key, bash never runs twice; a deploy the
+  ledger cannot tell about is settled as interrupted.
 * **kill -9 of a SQLite repository writer**: a child commits numbered messages to one session of
   a SQLite repository and prints each number once its commit returned; after every SIGKILL the
   session must read back as exactly the messages 0..N-1, N at least every printed number, and
@@ -669,8 +723,8 @@ def render(tables: list[Table], mode: str, counts: str, seconds: float) -> str:
 
 
 SECTIONS = {
-    "kill9", "operator", "agent", "sqlite", "postgres", "nemesis", "powerloss", "bitflips", "faults",
-    "cancellation", "fuzzing", "hostile",
+    "kill9", "operator", "agent", "idempotency", "sqlite", "postgres", "nemesis", "powerloss",
+    "bitflips", "faults", "cancellation", "fuzzing", "hostile",
 }  # fmt: skip
 
 
@@ -730,6 +784,7 @@ def main(argv: list[str] | None = None) -> int:
             "kill9": lambda: kill9(names, kills, directory),
             "operator": lambda: operator_kills(kills // 4, directory),
             "agent": lambda: agent_loop(kills, directory),
+            "idempotency": lambda: idempotency(kills * 3 // 2, directory),
             "sqlite": lambda: sqlite_writers(kills, directory),
             "postgres": lambda: postgres(kills),
             "nemesis": lambda: nemesis(120 * scale, directory),
