@@ -31,6 +31,9 @@ class AsyncJsonlFile:
         self._read = aiofiles.os.wrap(self._locked(file.read))
         self._truncate = aiofiles.os.wrap(self._locked(file.truncate))
         self._append_many = aiofiles.os.wrap(self._locked(file.append_many))
+        self._read_prefix = aiofiles.os.wrap(self._locked(file.read_prefix))
+        self._read_snapshot = aiofiles.os.wrap(file.read_snapshot)
+        self._write_snapshot = aiofiles.os.wrap(file.write_snapshot)
 
     @classmethod
     async def open(
@@ -64,6 +67,17 @@ class AsyncJsonlFile:
 
     async def append_batch(self, lines: list[bytes]) -> None:
         await self._append_many(lines)
+
+    # -- the snapshot seam (`core.store.SyncBackend`), one hop each --
+
+    async def read_prefix(self, length: int) -> bytes:
+        return await self._read_prefix(length)
+
+    async def read_snapshot(self) -> bytes | None:
+        return await self._read_snapshot()
+
+    async def write_snapshot(self, blob: bytes) -> None:
+        await self._write_snapshot(blob)
 
     async def close(self) -> None:
         # os.close only: no hop. The lock waits for a write a dying event loop left running.

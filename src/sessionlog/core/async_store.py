@@ -38,8 +38,17 @@ from typing import Any, Self
 from .commit import CommitPipeline, Prepared
 from .errors import SessionChangedError, StoreClosedError, shown
 from .framing import DEFAULT_MAX_LINE_BYTES, NUL_WINDOW
+from .snapshot import worth_writing
 from .state import SessionState
-from .store import AsyncBackend, BackendInfo, StoreStatus, check_max_line_bytes, reduce_stored
+from .store import (
+    AsyncBackend,
+    BackendInfo,
+    StoreStatus,
+    check_max_line_bytes,
+    log_snapshot_failure,
+    reduce_stored_from,
+    snapshot_of,
+)
 
 DEFAULT_MAX_BATCH_BYTES = NUL_WINDOW
 DEFAULT_MAX_BATCH_COMMITS = 1024
@@ -143,13 +152,20 @@ class AsyncSessionStore(StoreStatus):
             check_max_line_bytes(max_line_bytes)
             cls.check_options(store_options)
             data = await backend.read()
+            snapshot = None
+            read_snapshot = getattr(backend, "read_snapshot", None)
+            if read_snapshot is not None:
+                try:
+                    snapshot = await read_snapshot()
+                except Exception as error:  # a cache: never the user's error
+                    log_snapshot_failure(path, "read", error)
             reduce = functools.partial(
-                reduce_stored, data, path, **info.nul_rule(), max_line_bytes=max_line_bytes
+                reduce_stored_from, data, snapshot, path, **info.nul_rule(), max_line_bytes=max_line_bytes
             )
             if len(data) > _REDUCE_IN_THREAD_BYTES:
-                pipeline, end = await asyncio.to_thread(reduce)
+                pipeline, end, covered = await asyncio.to_thread(reduce)
             else:
-                pipeline, end = reduce()
+                pipeline, end, covered = reduce()
             if end < len(data):
                 await backend.truncate(end)
         except BaseException:
@@ -157,6 +173,7 @@ class AsyncSessionStore(StoreStatus):
             raise
         store = cls(backend, pipeline, path, info, **store_options)
         store.torn_bytes = len(data) - end
+        store.snapshot_lines = covered
         return store
 
     # -- the three methods -------------------------------------------------------------------
@@ -360,5 +377,26 @@ class AsyncSessionStore(StoreStatus):
         try:
             while (writer := self._writer) is not None:
                 await asyncio.wait((writer,))
+            if self._poisoned is None and worth_writing(self._pipeline.lines, self.snapshot_lines):
+                await self._write_snapshot()
         finally:
             await self._backend.close()
+
+    async def _write_snapshot(self) -> bool:
+        """The sync store's `write_snapshot` at close (`core.snapshot`): encoded in a thread (the
+        store takes no more commits), failures logged and counted, never raised."""
+        backend, pipeline = self._backend, self._pipeline
+        write, read_prefix = getattr(backend, "write_snapshot", None), getattr(backend, "read_prefix", None)
+        if write is None or read_prefix is None:
+            return False
+        try:
+            blob = await asyncio.to_thread(snapshot_of, pipeline, await read_prefix(pipeline.length))
+            if blob is None:
+                return False
+            await write(blob)
+        except Exception as error:  # a cache: the log and the store stay as they were
+            self.snapshot_failures += 1
+            log_snapshot_failure(self.path, "written", error)
+            return False
+        self.snapshot_lines = pipeline.lines
+        return True

@@ -144,6 +144,11 @@ def reduce_stored_from(
     return CommitPipeline(reducer, end, lines, max_line_bytes=max_line_bytes), end, covered
 
 
+def log_snapshot_failure(path: Path, what: str, error: BaseException) -> None:
+    """A snapshot that could not be read or written: logged, never raised (it is a cache)."""
+    _log.warning("%s: the snapshot could not be %s (%r); the log is untouched", path, what, error)
+
+
 def read_snapshot_quietly(read: Callable[[], bytes | None] | None, path: Path) -> bytes | None:
     """A backend's stored snapshot, or None: a snapshot that cannot be read is no snapshot."""
     if read is None:
@@ -151,7 +156,7 @@ def read_snapshot_quietly(read: Callable[[], bytes | None] | None, path: Path) -
     try:
         return read()
     except Exception as error:  # a cache: never the user's error
-        _log.warning("%s: the snapshot could not be read (%r); reducing the whole log", path, error)
+        log_snapshot_failure(path, "read", error)
         return None
 
 
@@ -171,6 +176,8 @@ class StoreStatus:
         self.path = path
         self.info = info
         self.torn_bytes = torn_bytes  # what opening cut: a torn tail (and NUL holes, power class)
+        self.snapshot_lines = 0  # the lines the snapshot loaded (or last written) covers
+        self.snapshot_failures = 0  # snapshot writes that failed (ignored: the log is untouched)
         self._closed = False
         self._poisoned: BaseException | None = None
         self._pid = os.getpid()  # a store is used by the process that opened it, never a fork
@@ -226,8 +233,6 @@ class SessionStore(StoreStatus):
         super().__init__(path, info, torn_bytes)
         self._backend = backend
         self._pipeline = pipeline
-        self.snapshot_lines = 0  # the lines the snapshot loaded (or last written) covers
-        self.snapshot_failures = 0  # snapshot writes that failed (ignored: the log is untouched)
         pipeline.line_facts = getattr(backend, "line_facts", False)  # lines that carry their facts
         self._lock = threading.Lock()
         self._owner = 0  # the thread inside a call, to refuse a re-entrant one instead of deadlocking
@@ -325,7 +330,7 @@ class SessionStore(StoreStatus):
             write(blob)
         except Exception as error:  # a cache: the log and the store stay as they were
             self.snapshot_failures += 1
-            _log.warning("%s: writing a snapshot failed (%r); the log is unchanged", self.path, error)
+            log_snapshot_failure(self.path, "written", error)
             return False
         self.snapshot_lines = pipeline.lines
         return True

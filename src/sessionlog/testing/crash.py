@@ -92,6 +92,10 @@ _FILLERS = (
 _filled = list(_FILLERS)
 
 
+# Snapshots on (#25): the sync children write one every this many transactions.
+SNAPSHOT_EVERY = 40
+
+
 def _filler(kind: int, size: int) -> str:
     text = _filled[kind]
     if len(text) < size:
@@ -261,17 +265,20 @@ def child_main(
     plugins: Sequence[str] = (),
     window: int = 4,
     probe: bool = True,
+    snapshot_every: int = SNAPSHOT_EVERY,
 ) -> None:
     """Open or create the session, then commit the stream from where the log ends, reporting
     each acknowledged transaction on `ack_fd`, until killed (or 100,000 transactions). `probe`:
     run the backend with `ProbeOps`, which also report each large write and each sync as it
-    starts, so the parent can aim a kill into one (the backend must take `ops=`)."""
+    starts, so the parent can aim a kill into one (the backend must take `ops=`).
+    `snapshot_every`: a sync store writes a snapshot (`core.snapshot`) every that many
+    transactions, so that kills land around snapshot writes and reopens load from them (0: never)."""
     registry = registry_for(plugins)
     stream = Stream(seed)
     options: dict[str, Any] = {"ops": ProbeOps(ack_fd)} if probe else {}
     info = backends(registry)[backend]
     if info.api == "sync":
-        _child_sync(Path(path), backend, stream, ack_fd, registry, options)
+        _child_sync(Path(path), backend, stream, ack_fd, registry, options, snapshot_every)
     else:
         asyncio.run(_child_async(Path(path), backend, stream, ack_fd, registry, options, window))
 
@@ -305,7 +312,13 @@ def _report(fd: int, value: int) -> None:
 
 
 def _child_sync(
-    path: Path, backend: str, stream: Stream, fd: int, registry: Registry | None, options: dict[str, Any]
+    path: Path,
+    backend: str,
+    stream: Stream,
+    fd: int,
+    registry: Registry | None,
+    options: dict[str, Any],
+    snapshot_every: int = 0,
 ) -> None:
     if path.exists():
         store = open(path, backend, registry=registry, **options)
@@ -316,6 +329,8 @@ def _child_sync(
     for index in range(first, first + 100_000):
         store.commit(stream.transaction(index))
         _report(fd, index)
+        if snapshot_every and index % snapshot_every == snapshot_every - 1:
+            store.write_snapshot()
 
 
 async def _child_async(

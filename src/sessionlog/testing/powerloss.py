@@ -25,9 +25,11 @@ from typing import Any
 
 import orjson
 
+from ..backends.jsonl_file import remove_snapshot, snapshot_path
 from ..core.errors import CorruptionError
 from ..core.framing import committed_length
-from ..core.loading import reduce_bytes
+from ..core.loading import load, reduce_bytes
+from ..core.snapshot import encode
 from ..opening import backends, create, create_async, open, open_async
 from ..plugins.registry import Registry
 from .crash import Stream, registry_for, verify_log
@@ -143,11 +145,17 @@ def _reduce(image: bytes, final: bytes, rule: Mapping[str, Any]) -> _Outcome:
 
 
 def check_trace(
-    trace: Trace, *, reopen_directory: Path | None = None, registry: Registry | None = None
+    trace: Trace,
+    *,
+    reopen_directory: Path | None = None,
+    registry: Registry | None = None,
+    snapshots: bool = True,
 ) -> PowerLossReport:
     """Check every crash state of one trace (see the module docstring). With
     `reopen_directory`, a few states per trace are also written to a real file, opened with the
-    backend, appended to and checked again."""
+    backend, appended to and checked again; with `snapshots`, beside a snapshot (`core.snapshot`)
+    of the workload's final log, or of its first half: what a snapshot that outlived the log's
+    tail, or an older one, leaves. The reopen must use it only where it matches the image."""
     power = trace.durability == "power"
     report = PowerLossReport(trace.backend, trace.durability, traces=1)
     cache: dict[bytes, _Outcome] = {}
@@ -204,7 +212,8 @@ def check_trace(
             )
     if reopen_directory is not None:
         for name, state in samples.items():
-            _reopen(trace, state, reopen_directory / f"{trace.seed}-{name}.jsonl", registry, report)
+            path = reopen_directory / f"{trace.seed}-{name}.jsonl"
+            _reopen(trace, state, path, registry, report, snapshots)
     return report
 
 
@@ -217,11 +226,19 @@ def _lose(report: PowerLossReport, commits: int, power: bool, message: str) -> N
 
 
 def _reopen(
-    trace: Trace, state: CrashState, path: Path, registry: Registry | None, report: PowerLossReport
+    trace: Trace,
+    state: CrashState,
+    path: Path,
+    registry: Registry | None,
+    report: PowerLossReport,
+    snapshots: bool = False,
 ) -> None:
-    """Put a crash state on disk, open it with the backend, commit, and check the log again."""
+    """Put a crash state on disk (and a snapshot beside it), open it with the backend, commit,
+    and check the log again."""
     assert state.image is not None
     path.write_bytes(state.image)
+    if snapshots:
+        _snapshot_beside(path, trace.final, half=state.point % 2 == 0)
     stream = _workload_stream(trace.seed)
     before = verify_log(state.image, stream, rule=trace.rule)
     try:
@@ -246,10 +263,25 @@ def _reopen(
         return
     finally:
         path.unlink(missing_ok=True)
+        remove_snapshot(path)
     if after.mismatch or after.transactions != before.transactions + 1 or after.torn_bytes:
         report.violations.append(f"{trace.backend} seed {trace.seed} op {state.point}: after reopen: {after}")
     else:
         report.reopened += 1
+
+
+def _snapshot_beside(path: Path, final: bytes, *, half: bool) -> None:
+    """A snapshot of `final`'s committed lines (or of their first half) where a store at `path`
+    looks for one, as a file backend writes it."""
+    end = committed_length(final)
+    if half:
+        end = final.rfind(b"\n", 0, max(1, end // 2)) + 1 or end
+    reducer, end = load(final[:end])
+    fd = os.open(snapshot_path(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, encode(reducer, final, end))
+    finally:
+        os.close(fd)
 
 
 # -- the workload ------------------------------------------------------------------------------
