@@ -107,7 +107,7 @@ def _raises() -> Any:
 
 
 def _hangs() -> Any:
-    time.sleep(5)
+    time.sleep(60)  # far past the 0.2 s timeout: its daemon thread is left behind, never the agent
     return Ran("too late")
 
 
@@ -177,7 +177,7 @@ def test_the_async_runtime_reconciles_the_same_way(tmp_path: Path, kind: str) ->
 
     async def reconcile(key: str, arguments: dict[str, Any]) -> Any:
         if kind == "timeout":
-            await asyncio.sleep(5)
+            await asyncio.sleep(60)  # cancelled at the 0.2 s timeout
         return Ran("it was deployed") if kind == "ran" else DidNotRun()
 
     async def main() -> str:
@@ -260,3 +260,13 @@ def test_inspect_shows_what_reconciliation_decided_and_a_pending_call_s_key(cli:
     assert "  deploy 1: ran" in run.out
     report = cli("inspect", path, "--json").json()
     assert report["reconciled"] == [{"toolCallId": "1", "toolName": "deploy", "decision": "ran"}]
+
+
+def test_a_coroutine_reconcile_function_in_the_sync_runtime(tmp_path: Path) -> None:
+    async def ran() -> Any:
+        return Ran("deployed v2")
+
+    deploys = Deploys(ran)  # reconcile returns the coroutine: it is awaited in its thread
+    _crashed(tmp_path / "s.jsonl", deploys)
+    state = _resumed(tmp_path / "s.jsonl", deploys)
+    assert state.transcript[-1]["content"] == f"deployed v2\n{RAN_NOTE}"

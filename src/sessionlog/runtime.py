@@ -28,6 +28,10 @@ once: `run()` and `finish()` read the log and refuse (nothing run) once the call
 an output too long for the store's lines is recorded as an error result saying its size. A `Run`
 is tied to its run: once over, its steps raise `RunOverError`. docs/agent-loop.md.
 
+Every call has an idempotency key (`ToolCall.key`, from its intent's fact id); a tool declared
+`idempotent` is replayed with it, one with `reconcile` is asked about by it before its pending
+intent is settled as interrupted (`runtime_reconcile`, docs/idempotency.md).
+
 The declarations (`sessionlog.tools`) make both the attempt's configuration snapshot and the
 planner's current configuration, so they cannot disagree. `AsyncSession` (in `runtime_async`)
 is the same over an async store.
