@@ -135,6 +135,9 @@ def test_a_snapshot_is_never_a_session_and_goes_with_its_own(tmp_path: Path) -> 
     assert kept.exists()
     assert [info.session_id for info in repo.list()] == [session_id]
     assert repo.export(session_id) == repo.path(session_id).read_bytes()
+    assert orjson.dumps(repo.load(session_id).to_json()) == full(repo.path(session_id))  # through it
+    kept.write_bytes(kept.read_bytes()[:-1])  # cut: ignored
+    assert orjson.dumps(repo.load(session_id).to_json()) == full(repo.path(session_id))
     forked = repo.fork(session_id, 3)
     assert not snapshot_path(repo.path(forked)).exists()  # a fork is a new log: no snapshot copied
     assert sorted(info.session_id for info in repo.list()) == sorted([session_id, forked])

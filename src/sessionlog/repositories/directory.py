@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..backends.jsonl_file import process_alive, read_session_file, remove_snapshot
+from ..backends.jsonl_file import process_alive, read_session_file, read_snapshot_file, remove_snapshot
 from ..core.errors import (
     RepositoryError,
     RepositoryNotFoundError,
@@ -49,6 +49,7 @@ from ..core.errors import (
 from ..core.ids import new_id
 from ..core.loading import reduce_bytes
 from ..core.reducer import is_uuid7
+from ..core.snapshot import load_with_snapshot
 from ..core.state import SessionState
 from ..core.store import SessionStore
 from ..maintenance import write_into_place
@@ -217,7 +218,10 @@ class DirectoryRepository(RepositoryBase):
     def load(self, session_id: str) -> SessionState:
         """The state of a session, read-only: never blocks its writer."""
         self._refuse_closed("load", session_id)
-        return reduce_bytes(read_session_file(self.path(session_id)), **self.rule)
+        path = self.path(session_id)
+        data = read_session_file(path)
+        reducer, end, _, _ = load_with_snapshot(data, read_snapshot_file(path), path=path, **self.rule)
+        return SessionState(reducer, end)
 
     def export(self, session_id: str) -> bytes:
         """The committed lines of a session: the canonical JSONL any port reads."""
