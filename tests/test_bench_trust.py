@@ -125,16 +125,16 @@ def test_the_printed_checks_say_what_was_measured_again_and_what_is_unreliable()
 def test_the_full_estimate_scales_each_shape_by_what_full_does_more_of() -> None:
     seconds = {
         "a: 1 session, 1 committer, 1 fact": 10.0,  # 5 rounds of 3x the commits: 5x
-        "c: 64 sessions, one writer each": 4.0,  # 5x, and 256 sessions beside it: 4x of 5x
+        "c: 64 sessions, one writer each": 4.0,  # 10x (6x the commits); 16 and 256 sessions: 1/4, 4x of it
         "d: load 10,000 facts": 3.0,  # 5/3, and 100,000 facts beside it: 10x of 5/3
         "d: load 10,000 facts, 10 compactions": 3.0,  # at 100,000 facts instead: 10x of 5/3
-        "e: list and unfinished over 10,000 sessions": 6.0,  # 5/3
+        "e: list and unfinished over 1,000 sessions": 6.0,  # 10,000 sessions instead: 10x of 5/3
         "f: 1 committer, a session of 10,000 facts": 3.0,  # 5/3, and 100,000 facts: 10x of 5/3
         "g: resume a session of 1,000 messages": 3.0,  # 5/3
         "g: resume a session of 10,000 messages": 3.0,  # 5/3, and 100,000 messages: 10x of 5/3
         "h: restart: 1,000 sessions, 100 unfinished": 2.0,  # RESTART_FULL
     }
-    expected = 50 + (20 + 80) + (5 + 50) + 50 + 10 + (5 + 50) + 5 + (5 + 50) + 2 * trust.RESTART_FULL
+    expected = 50 + (40 + 10 + 160) + (5 + 50) + 50 + 100 + (5 + 50) + 5 + (5 + 50) + 2 * trust.RESTART_FULL
     assert trust.full_estimate(seconds, "quick") == pytest.approx(expected)
     assert trust.full_estimate(seconds, "tiny") is None
 

@@ -4,9 +4,10 @@
                      [--quick | --full | --tiny] [--json FILE] [--markdown FILE] [--plot FILE]
 
 Shapes: (a) one session, one committer, 1- and 10-fact transactions; (b) one session, 64
-committers (async stores); (c) N sessions at once, one writer each (N = 16, 64; 256 with
+committers (async stores); (c) N sessions at once, one writer each (N = 64; 16 and 256 with
 `--full`); (d) loading a session by its length and by its number of compactions; (e) `list` and
-`unfinished` over 10,000 sessions; (f) one committer into a session of 10,000 facts; (g) a resume:
+`unfinished` over 1,000 sessions (10,000 with `--full`); (f) one committer into a session of
+10,000 facts; (g) a resume:
 open, load and list a session of 1k and 10k messages (100k with `--full`) beside the peers' read
 paths; (h) a platform's restart: reopen a repository of 1,000 sessions (10,000 with `--full`),
 list it and claim its unfinished sessions. Every registered backend (third-party ones too), the

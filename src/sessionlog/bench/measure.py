@@ -11,6 +11,7 @@ over rounds of the row's round divided by the ceiling's round of the same round.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -134,17 +135,41 @@ def steady(
 ) -> tuple[dict[str, Measured], bool]:
     """`alternate`, and once more when a ceiling of `ceilings` moved by more than `trust.MOVED`
     between rounds: the measurement whose ceilings moved least is kept. (measured, whether it
-    was measured again)."""
+    was measured again). The jobs are closed after it (`close_all`)."""
     from . import trust
 
     def worst(run: dict[str, Measured]) -> float:
         return trust.worst_spread({name: run[name].summary() for name in ceilings})
 
-    measured = alternate(jobs, rounds, flushes)
-    if rounds < 2 or worst(measured) <= trust.MOVED:
-        return measured, False
-    again = alternate(jobs, rounds, flushes)
-    return (again if worst(again) < worst(measured) else measured), True
+    try:
+        measured = alternate(jobs, rounds, flushes)
+        if rounds < 2 or worst(measured) <= trust.MOVED:
+            return measured, False
+        again = alternate(jobs, rounds, flushes)
+        return (again if worst(again) < worst(measured) else measured), True
+    finally:
+        close_all(jobs)
+
+
+def close_all(jobs: Mapping[str, Job]) -> None:
+    """`close()` each job that has one (`shapes.Kept`: its sessions, opened before its first
+    round), after its last round, also when a round failed; a close that raises is the row's
+    `RowFailed` (the others are closed still)."""
+
+    def closer(name: str, close: Callable[[], Any]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                close()
+            except Exception as error:
+                raise RowFailed(name, error) from error
+
+        return run
+
+    with contextlib.ExitStack() as closing:
+        for name, job in jobs.items():
+            close = getattr(job, "close", None)
+            if close is not None:
+                closing.callback(closer(name, close))
 
 
 def paired_ratio(row: Measured, ceiling: Measured) -> float:

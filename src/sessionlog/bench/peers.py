@@ -201,8 +201,18 @@ def peers(postgres: str | None = None) -> list[Peer]:
     ]
     if postgres:
         found += [
-            Peer("LangGraph PostgresSaver.put_writes", "power", _langgraph_postgres(postgres)),
-            Peer("eventsourcing (PostgreSQL)", "power", _eventsourcing(_postgres_env(postgres))),
+            Peer(
+                "LangGraph PostgresSaver.put_writes",
+                "power",
+                _langgraph_postgres(postgres),
+                kept_open=False,  # a connection a session: opened and closed each round
+            ),
+            Peer(
+                "eventsourcing (PostgreSQL)",
+                "power",
+                _eventsourcing(_postgres_env(postgres)),
+                kept_open=False,
+            ),
             Peer(
                 "openai-agents SQLAlchemySession (PostgreSQL)",
                 "power",

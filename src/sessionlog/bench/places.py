@@ -4,7 +4,7 @@
   `PlaceError` naming it and why (the command exits 2, no traceback); the run itself writes only
   into a scratch folder it makes under it (`shapes.Scratch`) and removes, also when interrupted.
 * `ScratchDatabase(url)`: with `--postgres URL` every PostgreSQL row (the repository, the peers,
-  the listing of 10,000 sessions; shape h's restart in a second one) runs in a database the
+  shape e's listing; shape h's restart in a second one) runs in a database the
   bench creates on that server for the run (`sessionlog_bench_<random>`) and drops at the end,
   also on Ctrl-C and on failure
   (`DROP DATABASE ... WITH (FORCE)`: connections a failed row left open do not keep it alive).

@@ -8,6 +8,8 @@
   each (power) or without (process).
 * `repository_job`: N sessions of one repository (a SQLite file, a PostgreSQL database) through
   its async twin, whose writer thread puts the commits queued meanwhile in one transaction.
+* `Kept`: the sessions of `sessions_job`, `repository_job` and `peer_job` are opened before a
+  row's first round and closed after its last, not remade each round.
 * `load_job`, `listing_job`: reading a session back; `list` and `unfinished` over many sessions
   (filled by `restart.fill`).
 
@@ -113,6 +115,31 @@ def _sized_loop(workers: int) -> asyncio.AbstractEventLoop:
 
 PREFILL_FACTS = 100  # facts a transaction when a session is filled before its timed commits
 
+Opening = Callable[[], tuple[Job, Callable[[], Any]]]  # -> (one round, what closes it)
+
+
+class Kept:
+    """A job whose sessions are opened before its first round and kept until `close()`
+    (`measure.close_all`, after its last round): opening 64 sessions (a SQLite session's schema,
+    a peer's tables and connections) took most of a round's time, and redoing it each round
+    measured nothing. Every round commits into the same sessions, each a round's commits
+    longer; the timing and the flush window cover the commits only, as before."""
+
+    def __init__(self, opening: Opening) -> None:
+        self._opening = opening
+        self._round: Job | None = None
+        self._close: Callable[[], Any] | None = None
+
+    def __call__(self) -> tuple[int, float, list[float]]:
+        if self._round is None:
+            self._round, self._close = self._opening()
+        return self._round()
+
+    def close(self) -> None:
+        close, self._round, self._close = self._close, None, None
+        if close is not None:
+            close()
+
 
 def sessions_job(
     scratch: Scratch,
@@ -125,56 +152,74 @@ def sessions_job(
 ) -> Job:
     """`registry`: where `backend` is registered (None: the default one, third-party plugins too);
     `held`: facts each session holds before the timed commits (committed first, 100 a
-    transaction, outside the timing and the flush window)."""
+    transaction, before the first round). The sessions are created once (`Kept`)."""
     info = sessionlog.backends(registry)[backend]
     fills = [transaction(index, PREFILL_FACTS) for index in range(-(-held // PREFILL_FACTS))]
 
-    def run() -> tuple[int, float, list[float]]:
+    def commit(store: Any, index: int) -> Any:
+        return store.commit(transaction(index, facts))
+
+    def opening() -> tuple[Job, Callable[[], Any]]:
         folder = scratch.fresh()
         paths = [folder / f"{number}.session" for number in range(sessions)]
-        try:
-            if info.api == "sync":
-                stores = [sessionlog.create(path, backend, registry=registry, **HEADER) for path in paths]
+        if info.api == "sync":
+            stores: list[Any] = []
+
+            def close() -> None:
                 try:
-                    for store in stores:
-                        for fill in fills:
-                            store.commit(fill)
-                    return in_threads(
-                        sessions,
-                        commits,
-                        lambda session, index: stores[session].commit(transaction(index, facts)),
-                    )
-                finally:
                     for store in stores:
                         store.close()
-
-            async def main() -> tuple[int, float, list[float]]:
-                stores = [
-                    await sessionlog.create_async(path, backend, registry=registry, **HEADER)
-                    for path in paths
-                ]
-                try:
-                    for store in stores:
-                        for fill in fills:
-                            await store.commit(fill)
-                    return await _in_tasks(
-                        sessions,
-                        commits,
-                        lambda session, index: stores[session].commit(transaction(index, facts)),
-                    )
                 finally:
-                    for store in stores:
-                        await store.close()
+                    shutil.rmtree(folder, ignore_errors=True)
 
-            loop = _sized_loop(sessions)
             try:
-                return loop.run_until_complete(main())
+                for path in paths:
+                    stores.append(sessionlog.create(path, backend, registry=registry, **HEADER))
+                    for fill in fills:
+                        stores[-1].commit(fill)
+            except BaseException:
+                close()
+                raise
+
+            def one_round() -> tuple[int, float, list[float]]:
+                return in_threads(sessions, commits, lambda session, index: commit(stores[session], index))
+
+            return one_round, close
+
+        loop = _sized_loop(sessions)
+        opened: list[Any] = []
+
+        async def create() -> None:
+            for path in paths:
+                opened.append(await sessionlog.create_async(path, backend, registry=registry, **HEADER))
+                for fill in fills:
+                    await opened[-1].commit(fill)
+
+        async def close_all() -> None:
+            for store in opened:
+                await store.close()
+
+        def close_async() -> None:
+            try:
+                loop.run_until_complete(close_all())
             finally:
                 loop.close()
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+                shutil.rmtree(folder, ignore_errors=True)
 
-    return run
+        try:
+            loop.run_until_complete(create())
+        except BaseException:
+            close_async()
+            raise
+
+        def async_round() -> tuple[int, float, list[float]]:
+            return loop.run_until_complete(
+                _in_tasks(sessions, commits, lambda session, index: commit(opened[session], index))
+            )
+
+        return async_round, close_async
+
+    return Kept(opening)
 
 
 def committers_job(
@@ -240,24 +285,48 @@ def ceiling_job(scratch: Scratch, sessions: int, commits: int, how: str) -> Job:
 
 
 def repository_job(location: Any, sessions: int, commits: int, **options: Any) -> Job:
-    """N sessions of the repository `location()` gives (a fresh one a round), one task each."""
+    """N sessions of the repository `location()` gives, one task each, made once (`Kept`)."""
 
-    def run() -> tuple[int, float, list[float]]:
-        async def main() -> tuple[int, float, list[float]]:
-            repo = await sessionlog.repository_async(location(), **options)
-            stores = [await repo.create(**HEADER) for _ in range(sessions)]
+    def opening() -> tuple[Job, Callable[[], Any]]:
+        loop = asyncio.new_event_loop()
+        stores: list[Any] = []
+        repos: list[Any] = []
+
+        async def create() -> None:
+            repos.append(await sessionlog.repository_async(location(), **options))
+            for _ in range(sessions):
+                stores.append(await repos[0].create(**HEADER))
+
+        async def close_all() -> None:
             try:
-                return await _in_tasks(
-                    sessions, commits, lambda session, index: stores[session].commit(transaction(index, 1))
-                )
-            finally:
                 for store in stores:
                     await store.close()
-                await repo.close()
+            finally:
+                for repo in repos:
+                    await repo.close()
 
-        return asyncio.run(main())
+        def close() -> None:
+            try:
+                loop.run_until_complete(close_all())
+            finally:
+                loop.close()
 
-    return run
+        try:
+            loop.run_until_complete(create())
+        except BaseException:
+            close()
+            raise
+
+        def one_round() -> tuple[int, float, list[float]]:
+            return loop.run_until_complete(
+                _in_tasks(
+                    sessions, commits, lambda session, index: stores[session].commit(transaction(index, 1))
+                )
+            )
+
+        return one_round, close
+
+    return Kept(opening)
 
 
 def load_job(path: Path, backend: str = "jsonl") -> Job:
@@ -320,17 +389,49 @@ class Peer:
     durability: str
     open: Callable[[Path, int], tuple[Callable[[int], Any], Callable[[], Any]]]
     concurrent: bool = True  # also N sessions at once, a thread each
+    # its N sessions kept open across the rounds (`Kept`); False for a connection a session to a
+    # server: two such peers' 64 each would pass a default server's 100 connections
+    kept_open: bool = True
 
 
 def peer_job(scratch: Scratch, peer: Peer, sessions: int, commits: int) -> Job:
-    def run() -> tuple[int, float, list[float]]:
+    """A peer's N sessions, a thread each; opened once (`Kept`) unless the peer says otherwise
+    (`Peer.kept_open`)."""
+
+    def opening() -> tuple[Job, Callable[[], Any]]:
         folder = scratch.fresh()
-        opened = [peer.open(folder, session) for session in range(sessions)]
+        opened: list[tuple[Callable[[int], Any], Callable[[], Any]]] = []
+
+        def close() -> None:
+            try:
+                for _, close_one in opened:
+                    close_one()
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+
         try:
-            return in_threads(sessions, commits, lambda session, index: opened[session][0](index))
+            for session in range(sessions):
+                opened.append(peer.open(folder, session))
+        except BaseException:
+            close()
+            raise
+
+        done = [0]  # commits of the rounds before: a round's indices follow them (a peer's key)
+
+        def one_round() -> tuple[int, float, list[float]]:
+            first, done[0] = done[0], done[0] + commits
+            return in_threads(sessions, commits, lambda session, index: opened[session][0](first + index))
+
+        return one_round, close
+
+    if peer.kept_open:
+        return Kept(opening)
+
+    def run() -> tuple[int, float, list[float]]:
+        one_round, close = opening()
+        try:
+            return one_round()
         finally:
-            for _, close in opened:
-                close()
-            shutil.rmtree(folder, ignore_errors=True)
+            close()
 
     return run

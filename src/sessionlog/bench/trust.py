@@ -88,24 +88,28 @@ def unreliable_rows(result: Mapping[str, Any]) -> set[tuple[str, str]]:
 
 def full_estimate(seconds: Mapping[str, float], mode: str) -> float | None:
     """How long `--full` would take, from each shape's seconds in a quick run (`shape label ->
-    seconds`): 5 rounds instead of 3 and 3x the commits a round (a, b, c, f: 5x); 256 sessions
-    beside 16 and 64 (the 64-session time, 4x, 5x again); 100k-fact loads beside 1k and 10k, and
-    the compacted loads at 100k facts instead of 10k (10x, 5/3); a session of 100,000 facts beside
-    10,000 (mostly its filling: 10x, 5/3); resumes of 100,000 messages beside 1,000 and 10,000 (the
-    10,000-message time, 10x, 5/3 again); a restart of 10,000 sessions instead of 1,000
-    (`RESTART_FULL`: the directory's claims grow faster than its sessions).
+    seconds`): 5 rounds instead of 3 and 3x the commits a round (a, b, f: 5x; c: 10x, as quick
+    halves c's commits, `runner.Plan.session_commits`); 16 and 256 sessions beside the quick
+    run's 64 (the 64-session time, 10x, and a quarter and 4x of that);
+    100k-fact loads beside 1k and 10k, and the compacted loads at 100k facts instead of 10k (10x,
+    5/3); 10,000 sessions listed instead of 1,000 (mostly their filling: 10x, 5/3); a session of
+    100,000 facts beside 10,000 (mostly its filling: 10x, 5/3); resumes of 100,000 messages beside
+    1,000 and 10,000 (the 10,000-message time, 10x, 5/3 again); a restart of 10,000 sessions
+    instead of 1,000 (`RESTART_FULL`: the directory's claims grow faster than its sessions).
     None for a mode other than quick (a tiny run is all overhead, a full one is its own answer)."""
     if mode != "quick":
         return None
     total = 0.0
     for shape, took in seconds.items():
-        if shape[0] in "abc":
+        if shape[0] in "ab":
             total += took * 5
-            if shape.startswith("c: 64 "):
-                total += took * 4 * 5
-        elif shape.startswith("d: ") and "compactions" in shape:  # at 100,000 facts instead
-            total += took * 10 * 5 / 3
-        elif shape[0] in "de":
+        elif shape[0] == "c":
+            total += took * 10
+            if shape.startswith("c: 64 "):  # 16 sessions (a quarter) and 256 (4x) beside it
+                total += took * (1 / 4 + 4) * 10
+        elif shape[0] == "e" or (shape.startswith("d: ") and "compactions" in shape):
+            total += took * 10 * 5 / 3  # 10,000 sessions instead of 1,000; 100,000 facts instead of 10,000
+        elif shape[0] == "d":
             total += took * 5 / 3
             if shape == "d: load 10,000 facts":
                 total += took * 10 * 5 / 3
