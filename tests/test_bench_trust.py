@@ -160,3 +160,14 @@ def test_a_shape_whose_ceiling_moved_is_measured_again_and_the_steadier_measurem
     assert again and measured["ceiling"].summary()["min_per_s"] == pytest.approx(240)
     calm, again = steady({"ceiling": _job([0.4, 0.41, 0.39]), "row": _job([0.5] * 3)}, ["ceiling"], 3)
     assert not again and len(calm["ceiling"].rates) == 3
+
+
+def test_the_full_estimate_of_shape_c_scales_its_commits_and_its_opening_apart() -> None:
+    """Quick opens a row's sessions once and commits 5 a session; --full commits 30 a session
+    over 5 rounds (10x the commits' seconds) and opens as often at most 5/3 as much (its
+    per-round peers); 16 and 256 sessions beside 64 add a quarter and 4x of that."""
+    seconds = {"c: 64 sessions, one writer each": 30.0}
+    timed = {"c: 64 sessions, one writer each": 12.0}  # the commits' seconds of its rounds
+    expected = (12.0 * 10 + 18.0 * 5 / 3) * (1 + 1 / 4 + 4)
+    assert trust.full_estimate(seconds, "quick", timed) == pytest.approx(expected)
+    assert trust.full_estimate(seconds, "quick") == pytest.approx(30.0 * 10 * (1 + 1 / 4 + 4))

@@ -43,11 +43,13 @@ class Measured:
     latencies: list[float] = field(default_factory=list)  # seconds, every operation of every round
     operations: int = 0  # over every round
     flushes: int | None = None  # device flushes during its rounds (`flushes`), None: not counted
+    seconds: float = 0.0  # the timed part of every round
 
     def add(
         self, operations: int, seconds: float, latencies: list[float], flushes: int | None = None
     ) -> None:
         self.rates.append(operations / seconds if seconds > 0 else 0.0)
+        self.seconds += seconds
         self.latencies.extend(latencies)
         self.operations += operations
         if flushes is not None:

@@ -103,6 +103,7 @@ def run(
     skipped: list[dict[str, str]] = []
     started = time.monotonic()
     seconds: dict[str, float] = {}  # shape -> seconds it took (`trust.full_estimate`)
+    timed: dict[str, float] = {}  # shape -> seconds of its rounds' timed part (measured twice: 2x)
     load = {"cpus": os.cpu_count(), "start": _load()}
 
     def say(message: str) -> None:
@@ -120,6 +121,7 @@ def run(
         if remeasured:
             say("  its ceiling moved between rounds: measured again")
         seconds[shape] = round(time.monotonic() - began, 2)
+        timed[shape] = round(sum(one.seconds for one in measured.values()) * (2 if remeasured else 1), 2)
         marks = {"remeasured": True} if remeasured else {}
         for name in ceilings:
             summary = measured[name].summary()
@@ -385,7 +387,8 @@ def run(
         "flush_device": counter.device,
         "seconds": round(time.monotonic() - started, 1),
         "shape_seconds": seconds,
-        "full_estimate_s": trust.full_estimate(seconds, mode) if only == SHAPES else None,
+        "shape_timed_seconds": timed,
+        "full_estimate_s": trust.full_estimate(seconds, mode, timed) if only == SHAPES else None,
         "load": {**load, "end": _load()},
         "shapes": only,
     }

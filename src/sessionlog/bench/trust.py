@@ -86,11 +86,15 @@ def unreliable_rows(result: Mapping[str, Any]) -> set[tuple[str, str]]:
     return found
 
 
-def full_estimate(seconds: Mapping[str, float], mode: str) -> float | None:
+def full_estimate(
+    seconds: Mapping[str, float], mode: str, timed: Mapping[str, float] | None = None
+) -> float | None:
     """How long `--full` would take, from each shape's seconds in a quick run (`shape label ->
-    seconds`): 5 rounds instead of 3 and 3x the commits a round (a, b, f: 5x; c: 10x, as quick
-    halves c's commits, `runner.Plan.session_commits`); 16 and 256 sessions beside the quick
-    run's 64 (the 64-session time, 10x, and a quarter and 4x of that);
+    seconds`): 5 rounds instead of 3 and 3x the commits a round (a, b, f: 5x); shape c's commits
+    (`timed`: shape -> the seconds of its rounds' commits) 10x, as quick halves them
+    (`runner.Plan.session_commits`), and the rest of its time, the opening of its sessions, 5/3
+    at most (without `timed`: the whole shape 10x); 16 and 256 sessions beside the quick run's
+    64 (the 64-session figure, and a quarter and 4x of it);
     100k-fact loads beside 1k and 10k, and the compacted loads at 100k facts instead of 10k (10x,
     5/3); 10,000 sessions listed instead of 1,000 (mostly their filling: 10x, 5/3); a session of
     100,000 facts beside 10,000 (mostly its filling: 10x, 5/3); resumes of 100,000 messages beside
@@ -104,9 +108,9 @@ def full_estimate(seconds: Mapping[str, float], mode: str) -> float | None:
         if shape[0] in "ab":
             total += took * 5
         elif shape[0] == "c":
-            total += took * 10
-            if shape.startswith("c: 64 "):  # 16 sessions (a quarter) and 256 (4x) beside it
-                total += took * (1 / 4 + 4) * 10
+            commits = min(took, (timed or {}).get(shape, took))
+            at_full = commits * 10 + (took - commits) * 5 / 3
+            total += at_full * (1 + 1 / 4 + 4) if shape.startswith("c: 64 ") else at_full
         elif shape[0] == "e" or (shape.startswith("d: ") and "compactions" in shape):
             total += took * 10 * 5 / 3  # 10,000 sessions instead of 1,000; 100,000 facts instead of 10,000
         elif shape[0] == "d":
