@@ -414,7 +414,8 @@ class Session(SessionBase):
 
     def resume(self) -> Run | None:
         """Recover an interrupted run up to where the caller is needed; None when the session is
-        idle. Safe reads with an unknown result are run again through their declared tool."""
+        idle. Safe reads with an unknown result are run again through their declared tool (an
+        idempotent tool with its key); a tool with `reconcile` is asked first (`reconcile`)."""
         self.open_attempt_id = None  # resuming: an open attempt's answer is taken as lost
         current = self.configuration.current
         hold = reconcilable(self.tools)
