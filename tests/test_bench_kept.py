@@ -106,3 +106,32 @@ def test_the_quick_sizes_are_the_ones_the_docs_and_the_help_quote() -> None:
     assert "over 1,000 sessions (10,000 with `--full`)" in described
     helped = _flat(command.parser().format_help())
     assert "under 2 minutes on 2 idle cores (64 sessions at once, 1,000 listed)" in helped
+
+
+def test_a_row_of_more_sessions_than_kept_opens_and_closes_them_around_each_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hundreds of held sessions idle through the other rows' rounds outlived their leases on a
+    busy machine (`--full`'s 256 SQLite sessions were poisoned): past KEPT_UP_TO they are made
+    again each round, and nothing of a round is left open after it."""
+    monkeypatch.setattr(shapes, "KEPT_UP_TO", 2)
+    scratch = shapes.Scratch(str(tmp_path))
+    made = []
+    fresh = scratch.fresh
+
+    def counted() -> Path:
+        made.append(fresh())
+        return made[-1]
+
+    monkeypatch.setattr(scratch, "fresh", counted)
+    row = shapes.sessions_job(scratch, "jsonl", 3, 2)
+    for _ in range(3):
+        assert row()[0] == 3 * 2
+        assert list(scratch.root.iterdir()) == []  # closed and removed after its round
+    assert len(made) == 3
+    kept = shapes.sessions_job(scratch, "jsonl", 2, 2)
+    kept()
+    kept()
+    assert len(made) == 4  # at the bound: kept
+    kept.close()  # type: ignore[attr-defined]
+    scratch.remove()

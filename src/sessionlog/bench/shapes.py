@@ -118,6 +118,9 @@ PREFILL_FACTS = 100  # facts a transaction when a session is filled before its t
 Opening = Callable[[], tuple[Job, Callable[[], Any]]]  # -> (one round, what closes it)
 
 
+KEPT_UP_TO = 64  # sessions a row keeps open from its first round to its last
+
+
 class Kept:
     """A job whose sessions are opened before its first round and kept until `close()`
     (`measure.close_all`, after its last round): opening 64 sessions (a SQLite session's schema,
@@ -125,15 +128,24 @@ class Kept:
     measured nothing. Every round commits into the same sessions, each a round's commits
     longer; the timing and the flush window cover the commits only, as before."""
 
-    def __init__(self, opening: Opening) -> None:
+    def __init__(self, opening: Opening, sessions: int = 1) -> None:
         self._opening = opening
         self._round: Job | None = None
         self._close: Callable[[], Any] | None = None
+        # Past KEPT_UP_TO sessions, opened and closed around each round: hundreds of held
+        # sessions waiting through the other rows' rounds of a busy machine outlived their leases
+        # (a `--full` run's 256 SQLite sessions were poisoned: SessionChangedError)
+        self._keep = sessions <= KEPT_UP_TO
 
     def __call__(self) -> tuple[int, float, list[float]]:
         if self._round is None:
             self._round, self._close = self._opening()
-        return self._round()
+        if self._keep:
+            return self._round()
+        try:
+            return self._round()
+        finally:
+            self.close()
 
     def close(self) -> None:
         close, self._round, self._close = self._close, None, None
@@ -219,7 +231,7 @@ def sessions_job(
 
         return async_round, close_async
 
-    return Kept(opening)
+    return Kept(opening, sessions)
 
 
 def committers_job(
@@ -326,7 +338,7 @@ def repository_job(location: Any, sessions: int, commits: int, **options: Any) -
 
         return one_round, close
 
-    return Kept(opening)
+    return Kept(opening, sessions)
 
 
 def load_job(path: Path, backend: str = "jsonl") -> Job:
@@ -425,7 +437,7 @@ def peer_job(scratch: Scratch, peer: Peer, sessions: int, commits: int) -> Job:
         return one_round, close
 
     if peer.kept_open:
-        return Kept(opening)
+        return Kept(opening, sessions)
 
     def run() -> tuple[int, float, list[float]]:
         one_round, close = opening()
