@@ -22,7 +22,6 @@ Where this departs from rule 11: a pending intent of a `never` tool whose counte
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import threading
 from collections.abc import Mapping
@@ -119,6 +118,8 @@ class _Asked:
             assert reconcile is not None
             answer = reconcile(self.start.key, self.start.arguments)
             if inspect.isawaitable(answer):
+                import asyncio  # only for a coroutine answer: `import sessionlog` loads no asyncio
+
                 answer = asyncio.run(_awaited(answer))
             self.answer = answer
         except Exception as error:  # a failure of fn: unknown, as the contract settles it
@@ -144,6 +145,8 @@ def ask(tool: Tool, start: ToolStart) -> object:
 async def ask_async(tool: Tool, start: ToolStart) -> object:
     """`ask` for the async runtime: a coroutine function is awaited on the loop (cancelled at
     the timeout), a plain function asked in a daemon thread."""
+    import asyncio  # loaded already: this runs on its loop
+
     reconcile = tool.reconcile
     assert reconcile is not None
     if not inspect.iscoroutinefunction(reconcile):
