@@ -113,12 +113,13 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, A
 def _acknowledged_session(
     records: list[dict[str, Any]], contents: dict[str, list[str]]
 ) -> tuple[str, list[str]]:
-    acked = {op.value for op in operations(records) if op.op == "commit" and op.outcome == "ok"}
+    # acknowledged commits by the session they were made in (a fork's copies are its parent's)
+    acked = {op.value: op.session for op in operations(records) if op.op == "commit" and op.outcome == "ok"}
     deleted = {r["s"] for r in records if r.get("op") == "delete" and r.get("type") == "invoke"}
     for session, texts in sorted(contents.items(), key=lambda item: -len(item[1])):
         if session in deleted:
             continue  # its absence would be allowed
-        own = [text for text in texts if text in acked]
+        own = [text for text in texts if acked.get(text) == session]
         if len(own) >= 3:
             return session, texts
     raise AssertionError("the recorded run left no session with three commits")
