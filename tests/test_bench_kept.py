@@ -16,11 +16,9 @@ from sessionlog.bench import Plan, command, measure, peers, shapes
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_a_kept_row_opens_its_sessions_once_and_closes_them_after_its_last_round(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    scratch = shapes.Scratch(str(tmp_path))
-    made = []
+def _counting(scratch: shapes.Scratch, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The folders `scratch` makes from now on (one a row when its sessions are kept)."""
+    made: list[Path] = []
     fresh = scratch.fresh
 
     def counted() -> Path:
@@ -28,6 +26,14 @@ def test_a_kept_row_opens_its_sessions_once_and_closes_them_after_its_last_round
         return made[-1]
 
     monkeypatch.setattr(scratch, "fresh", counted)
+    return made
+
+
+def test_a_kept_row_opens_its_sessions_once_and_closes_them_after_its_last_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scratch = shapes.Scratch(str(tmp_path))
+    made = _counting(scratch, monkeypatch)
     row = shapes.sessions_job(scratch, "jsonl-fsync", 3, 4)
     peer = shapes.peer_job(scratch, peers.sqlite3_peer("full"), 2, 5)  # its key: (session, line)
     measured, _ = measure.steady({"row": row, "peer": peer}, [], 3)
@@ -116,14 +122,7 @@ def test_a_row_of_more_sessions_than_kept_opens_and_closes_them_around_each_roun
     again each round, and nothing of a round is left open after it."""
     monkeypatch.setattr(shapes, "KEPT_UP_TO", 2)
     scratch = shapes.Scratch(str(tmp_path))
-    made = []
-    fresh = scratch.fresh
-
-    def counted() -> Path:
-        made.append(fresh())
-        return made[-1]
-
-    monkeypatch.setattr(scratch, "fresh", counted)
+    made = _counting(scratch, monkeypatch)
     row = shapes.sessions_job(scratch, "jsonl", 3, 2)
     for _ in range(3):
         assert row()[0] == 3 * 2
