@@ -15,10 +15,21 @@ from typing import Any
 from .core import facts as build
 from .core.state import SessionState
 from .recovery import AsyncStore, ToolStart, facts_for_plan, recover_async
-from .runtime import (
+from .runtime_blocked import Blocked
+from .runtime_errors import RuntimeStateError
+from .runtime_facts import (
+    ToolCallInput,
+    begin_facts,
+    check_prompt,
+    oversized,
+    oversized_text,
+    settle_facts,
+    tool_facts,
+)
+from .runtime_reconcile import ask_async, decision, noted, pending_of, ran_output, reconcilable
+from .runtime_shared import (
     AttemptBase,
     RunBase,
-    RuntimeStateError,
     SessionBase,
     ToolCallBase,
     abort_facts,
@@ -32,17 +43,6 @@ from .runtime import (
     replay_start,
     result_facts,
 )
-from .runtime_blocked import Blocked
-from .runtime_facts import (
-    ToolCallInput,
-    begin_facts,
-    check_prompt,
-    oversized,
-    oversized_text,
-    settle_facts,
-    tool_facts,
-)
-from .runtime_reconcile import ask_async, decision, noted, pending_of, ran_output, reconcilable
 from .tools import Ran, tool_output
 
 

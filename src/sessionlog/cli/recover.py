@@ -31,7 +31,8 @@ from ..core.state import SessionState
 from ..core.store import reduce_stored
 from ..plugins.registry import Registry
 from ..recovery import Plan, plan_in_order, recover, recover_async
-from ..runtime import RuntimeStateError, abort_facts
+from ..runtime_errors import RuntimeStateError
+from ..runtime_shared import abort_facts
 from .describe import describe_plan, seqs_text
 from .output import PROG, out, out_json, say_error
 from .sessions import (
