@@ -51,6 +51,17 @@ def _charge(run: Any, *ids: str) -> None:
     run.attempt().settle(None, [{"id": i, "name": "charge", "arguments": {"amount": 5}} for i in ids])
 
 
+def _killed_charging(session: Any, charges: Any) -> Any:
+    """A run whose one charge call is killed after its effect, before its result: the call."""
+    run = session.start("go")
+    _charge(run, "1")
+    (call,) = run.start_tools()
+    charges.kill_next = True
+    with pytest.raises(Killed):
+        call.run()
+    return call
+
+
 def test_a_key_is_made_from_the_intent_id_and_no_other_call_has_it(tmp_path: Path) -> None:
     charges = Charges()
     session = _session(tmp_path / "s.jsonl", charges)
@@ -72,12 +83,7 @@ def test_a_replay_after_a_crash_passes_the_same_key(tmp_path: Path, intents: str
     path = tmp_path / "s.jsonl"
     charges = Charges()
     session = _session(path, charges, intents=intents)
-    run = session.start("go")
-    _charge(run, "1")
-    (call,) = run.start_tools()
-    charges.kill_next = True
-    with pytest.raises(Killed):
-        call.run()
+    call = _killed_charging(session, charges)
     session.store.close()
     again = _session(path, charges, intents=intents)
     resumed = again.resume()  # the idempotent charge is replayed, with its key
@@ -96,12 +102,7 @@ def test_the_contract_planner_itself_replays_an_idempotent_tool(tmp_path: Path) 
     session = _session(path, charges)
     (declared,) = [tool for tool in session.current()["tools"] if tool["name"] == "charge"]
     assert declared["replay"] == "safe" and declared["replayKey"].startswith("idempotent:charge:")
-    run = session.start("go")
-    _charge(run, "1")
-    (call,) = run.start_tools()
-    charges.kill_next = True
-    with pytest.raises(Killed):
-        call.run()
+    _killed_charging(session, charges)
     (pending,) = session.state.pending_tools
     assert pending["replay"] == "safe" and pending["replayKey"] == declared["replayKey"]
     plan = sessionlog.plan_recovery(session.state, session.current())
@@ -127,12 +128,7 @@ def test_a_fork_keeps_a_pending_call_s_key(tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     charges = Charges()
     session = _session(path, charges)
-    run = session.start("go")
-    _charge(run, "1")
-    (call,) = run.start_tools()
-    charges.kill_next = True
-    with pytest.raises(Killed):
-        call.run()
+    call = _killed_charging(session, charges)
     last = session.state.last_seq
     header = session.state.header["id"]
     session.store.close()
