@@ -1,8 +1,13 @@
 """kill -9 during the operator's commands: create, repair, repair --quarantine and convert.
 
 Each kill runs one command in a child process (started ahead, waiting on a pipe, so that the kill
-lands in the command and not in the interpreter's start-up), SIGKILLs it after a random delay
-within the command's measured duration, then checks what it left:
+lands in the command and not in the interpreter's start-up) and SIGKILLs it at a kill point: just
+before the command's N-th call that changes files (`os.open`, `write`, `fsync`, `fdatasync`,
+`ftruncate`, `link`, `replace`, `rename`, `unlink`, `chmod`, `fchmod`, `mkdir`), every N of the
+calls a first, unkilled run counted in turn (and after the last of them), in an order drawn from
+the seed. The child stops there and says so; the kill lands in the command on every run, however
+loaded the machine (a kill after a random delay landed in none of 20 fast creates on a quiet
+one). Then it checks what the command left:
 
 * ``create``: the session is absent or opens (never a partial header); the next create or open
   succeeds and leaves no temporary file of the session behind.
@@ -24,16 +29,18 @@ import contextlib
 import io
 import os
 import random
+import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TextIO
 
+from ..backends.jsonl_file import FileOps
 from ..core.errors import SessionLogError
 from ..core.loading import reduce_bytes
 from ..opening import create, open
@@ -41,6 +48,7 @@ from ..opening import create, open
 OPERATIONS = ("create", "repair", "quarantine", "convert")
 _HEADER = {"provider": "openrouter", "model": "kill/model", "cwd": "/kill", "environment_identity": "k"}
 _TRANSACTIONS = 300
+CHILD_BOUND = 300.0  # seconds a child may take to stop or finish (a hung one is a failure)
 
 
 @dataclass
@@ -122,25 +130,28 @@ def _spawn(case: _Case) -> subprocess.Popen[bytes]:
     return child
 
 
-def _run(case: _Case, delay: float | None) -> tuple[bool, float]:
-    """Run the case in a child; kill it after `delay` seconds (None: let it finish). Returns
-    (killed before it finished, seconds it ran)."""
+def _run(case: _Case, kill_at: int | None) -> tuple[bool, int]:
+    """Run the case in a child; SIGKILL it where it stops before its `kill_at`-th call that
+    changes files (None: let it finish). Returns (killed before it finished, the calls it made)."""
     child = _spawn(case)
     assert child.stdin is not None and child.stdout is not None
-    started = time.perf_counter()
-    child.stdin.write(b"go\n")
+    child.stdin.write(b"go %d\n" % (kill_at or 0))
     child.stdin.flush()
-    if delay is not None:
-        time.sleep(delay)
-        with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signal.SIGKILL)
-    done = child.stdout.read()
-    seconds = time.perf_counter() - started
+    # "at N CALL": stopped there; "done N": finished. A bound only for a child that hangs.
+    if not select.select([child.stdout], [], [], CHILD_BOUND)[0]:
+        child.kill()
+        child.wait()
+        raise RuntimeError(f"the child for {case.argv} said nothing in {CHILD_BOUND} s (kill at {kill_at})")
+    said = child.stdout.readline().split()
+    if said[:1] == [b"at"]:
+        child.kill()
     child.wait()
     with contextlib.suppress(OSError):
         child.stdin.close()
     child.stdout.close()
-    return b"done" not in done, seconds
+    if said[:1] not in ([b"at"], [b"done"]):
+        raise RuntimeError(f"the child for {case.argv} said {said!r} (exit {child.returncode})")
+    return said[0] == b"at", int(said[1])
 
 
 def _temporaries(folder: Path) -> list[str]:
@@ -235,10 +246,12 @@ def run_operation_kills(
     started = time.monotonic()
     try:
         folder = root / operation
-        duration = max(_run(_prepare(operation, folder, rng), None)[1] for _ in range(2))
-        for _ in range(kills):
+        calls = _run(_prepare(operation, folder, rng), None)[1]  # a case's calls vary a little
+        points = list(range(1, calls + 2))  # calls + 1: after the last call, before it says done
+        rng.shuffle(points)
+        for index in range(kills):  # every kill point in turn, in the seed's order
             case = _prepare(operation, folder, rng)
-            killed, _ = _run(case, rng.uniform(0, duration * 1.2))
+            killed, _ = _run(case, points[index % len(points)])
             report.kills += 1
             report.killed += killed
             report.finished += not killed
@@ -250,20 +263,59 @@ def run_operation_kills(
     return report
 
 
+# The calls that change files, counted in the child; it stops before the one it is to be killed at.
+KILL_POINTS = ("open", "write", "fsync", "fdatasync", "ftruncate", "link", "replace", "rename", "unlink",
+               "chmod", "fchmod", "mkdir")  # fmt: skip
+
+
+def _stop_at_kill_point(kill_at: int, out: TextIO) -> list[int]:
+    """Wrap the os functions of KILL_POINTS (and the file backends' FileOps) so that the
+    `kill_at`-th call (from 1; 0: none) says "at N NAME" on `out` and waits for its SIGKILL.
+    Returns the running count."""
+    count = [0]
+
+    def wrapped(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            count[0] += 1
+            if count[0] == kill_at:
+                _stopped(out, f"at {count[0]} {name}")
+            return real(*args, **kwargs)
+
+        return call
+
+    for name in KILL_POINTS:
+        setattr(os, name, wrapped(name, getattr(os, name)))
+        if name in vars(FileOps):  # the file backends' seam holds the os functions it was made with
+            setattr(FileOps, name, staticmethod(wrapped(name, getattr(FileOps, name))))
+    return count
+
+
+def _stopped(out: TextIO, said: str) -> None:
+    out.write(said + "\n")
+    out.flush()
+    while True:
+        time.sleep(60)  # until the harness's SIGKILL
+
+
 def child_main(argv: Sequence[str]) -> None:
-    """Wait for the go, run the command line, say done (unless killed first)."""
+    """Wait for the go (and the kill point), run the command line, say done and how many calls
+    that change files it made (unless stopped at its kill point first)."""
     from ..cli import main as cli_main
 
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-    sys.stdin.readline()
+    out = sys.stdout  # the harness's pipe (the CLI's own output goes to stderr)
+    out.write("ready\n")
+    out.flush()
+    kill_at = int(sys.stdin.readline().split()[1])
+    count = _stop_at_kill_point(kill_at, out)
     if argv[0] == "create":
         create(argv[1], "jsonl-fsync", **_HEADER).close()  # type: ignore[arg-type]
     else:
         with contextlib.redirect_stdout(sys.stderr):
             cli_main(list(argv))
-    sys.stdout.write("done\n")
-    sys.stdout.flush()
+    if kill_at == count[0] + 1:  # after the last call, before it says done
+        _stopped(out, f"at {kill_at} end")
+    out.write(f"done {count[0]}\n")
+    out.flush()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
