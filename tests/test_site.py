@@ -95,7 +95,10 @@ def test_a_page_renders_and_search_finds_a_word_of_another_page(site: Path) -> N
             page.goto(f"{url}/repositories/")
             assert page.locator("h1").first.inner_text().startswith("Repositories")
             assert page.locator("nav.md-nav").first.is_visible()
-            page.fill("input.md-search__input", "pg_terminate_backend")
+            # Typed key by key, as a reader does: Material reads the query on keyup (and when its
+            # search worker says it is ready). page.fill sends no keyup, so with the worker ready
+            # before the text landed (a loaded machine) the query was never read (CI, 90 s).
+            page.locator("input.md-search__input").press_sequentially("pg_terminate_backend")
             page.wait_for_selector(".md-search-result__item", timeout=90_000)  # a loaded machine is slow
             found = " ".join(page.locator(".md-search-result__item").all_inner_texts())
             assert "PostgreSQL" in found, found[:500]
