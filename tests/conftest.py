@@ -11,7 +11,8 @@ import pytest
 
 import sessionlog
 
-pytest_plugins = ["sessionlog.testing.plugin"]  # the conformance suite's fixtures (opt-in)
+# the conformance suite's fixtures (opt-in); seeds and reruns (tests/replay.py)
+pytest_plugins = ["sessionlog.testing.plugin", "replay"]
 
 # The shared contract (another project's data, read in place, never copied): ../shared/contract,
 # or the folder SESSIONLOG_CONTRACT names. Absent, its tests are skipped, and said so loudly (the

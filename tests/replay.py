@@ -1,0 +1,43 @@
+"""Randomness that replays: a red CI run's cases are the cases its rerun runs (a pytest plugin,
+loaded by conftest.py).
+
+Under CI=true (or HYPOTHESIS_PROFILE=ci) Hypothesis runs derandomized, with no example database.
+The harnesses' seeds are fixed in the tests themselves (seed 0 unless a test names another). A
+failed test says how to run it again: one command, and the seeds it used."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+HYPOTHESIS_PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if CI else "default")
+settings.load_profile(HYPOTHESIS_PROFILE)
+
+
+def rerun_command(item: pytest.Item) -> str:
+    """One command that reruns this test alone, in this process, with the same seeds."""
+    return f"CI=true python -m pytest -n 0 -m '' '{item.nodeid}'"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed test says how to run it again: the command, and which seeds it used."""
+    report = yield
+    if report.failed:
+        callspec = getattr(item, "callspec", None)
+        params = callspec.params if callspec is not None else {}
+        seeds = [f"{name}={value}" for name, value in params.items() if "seed" in name]
+        report.sections.append((
+            "rerun",
+            f"{rerun_command(item)}\n"
+            f"seeds: {', '.join(seeds) or 'the fixed ones in its source (a harness: seed 0 unless named)'}; "
+            f"Hypothesis profile {HYPOTHESIS_PROFILE!r}. Where timing decides the interleaving "
+            "(kills, the nemesis), the rerun replays the seeds, not always the interleaving: the "
+            "history the checker judged is in the failure above.",
+        ))  # fmt: skip
+    return report

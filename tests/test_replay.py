@@ -1,0 +1,72 @@
+"""tests/replay.py: under CI=true Hypothesis replays the same cases, and a failed test names the
+command that reruns it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+PROBE = """
+from hypothesis import given, settings, strategies as st
+
+SEEN = []
+
+def test_profile():
+    print("derandomize", settings.default.derandomize, "database", settings.default.database)
+
+@given(st.integers())
+def test_draws(number):
+    SEEN.append(number)
+
+def test_last():
+    print("drawn", SEEN)
+
+def test_fails():
+    assert 1 == 2, "on purpose"
+"""
+
+
+def _run(tmp_path: Path, ci: str | None) -> str:
+    (tmp_path / "test_probe.py").write_text(PROBE)
+    env = {key: value for key, value in os.environ.items() if key not in ("CI", "HYPOTHESIS_PROFILE")}
+    if ci is not None:
+        env["CI"] = ci
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "replay", "-p", "no:cacheprovider", "-s", "-q", "-n", "0",
+         "-p", "no:randomly", str(tmp_path / "test_probe.py")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr  # test_fails, and only it
+    assert "1 failed, 3 passed" in done.stdout, done.stdout
+    return done.stdout
+
+
+def _drawn(output: str) -> str:
+    found = re.search(r"drawn \[[^\]]*\]", output)
+    assert found, output
+    return found.group()
+
+
+def test_under_ci_hypothesis_draws_the_same_cases_every_run(tmp_path: Path) -> None:
+    first, second = _run(tmp_path, "true"), _run(tmp_path, "true")
+    assert "derandomize True database None" in first, first
+    assert _drawn(first) == _drawn(second)
+
+
+def test_outside_ci_hypothesis_searches_afresh(tmp_path: Path) -> None:
+    first, second = _run(tmp_path, None), _run(tmp_path, None)
+    assert "derandomize False" in first, first
+    assert _drawn(first) != _drawn(second)  # 100 draws each: the same twice is astronomically unlikely
+
+
+def test_a_failed_test_names_the_command_that_reruns_it(tmp_path: Path) -> None:
+    output = _run(tmp_path, "true")
+    section = output[output.index("rerun") :]
+    assert "CI=true python -m pytest -n 0 -m '' 'test_probe.py::test_fails'" in section, section
+    assert "seeds:" in section and "Hypothesis profile 'ci'" in section, section
