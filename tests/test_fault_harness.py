@@ -204,6 +204,21 @@ def test_the_checker_names_each_other_violation() -> None:
         ("w1.0", "commit", "S", b1, "ok", 5, 6),
     )  # fmt: skip
     assert check(stopped, {"S": [a1, a2, b1]}).ok
+    # CI (PostgreSQL, lease 1 s, stop 1.5 s): a1 landed, then its writer was stopped before it
+    # heard so; b's writer took the session over and went on committing. a1's late acknowledgement
+    # made b look like the older hold, and b2 like a second live writer: the log says a came first
+    b2 = "w1.0:1:2"
+    taken_over = _synthetic(
+        ("w0.0", "commit", "S", a1, "ok", 1, 10), ("w1.0", "commit", "S", b1, "ok", 3, 4),
+        ("w1.0", "commit", "S", b2, "ok", 11, 12),
+    )  # fmt: skip
+    assert check(taken_over, {"S": [a1, b1, b2]}).ok, check(taken_over, {"S": [a1, b1, b2]}).violations
+    # and a writer that goes on after being taken over is named, however late its acknowledgements
+    went_on = _synthetic(
+        ("w0.0", "commit", "S", a1, "ok", 1, 10), ("w1.0", "commit", "S", b1, "ok", 3, 4),
+        ("w0.0", "commit", "S", a2, "ok", 11, 12),
+    )  # fmt: skip
+    assert any(v.startswith("two live writers") for v in check(went_on, {"S": [a1, b1, a2]}).violations)
     assert any(v.startswith("phantom") for v in check(base, {"S": [a1, a2, b1, "w9.0:1:1"]}).violations)
     refused = _synthetic(("w0.0", "commit", "S", a1, "fail", 1, 2))
     assert [v.split(":")[0] for v in check(refused, {"S": [a1]}).violations] == ["refused but present"]
