@@ -362,15 +362,10 @@ def check(
             parsed = parse_token(text)
             assert parsed is not None
             first_line.setdefault(parsed[1], index)
-
-        def later(other: str, hold: str) -> bool:
-            if other in first_line and hold in first_line:
-                return first_line[other] > first_line[hold]
-            return first_ack[other] > first_ack[hold]
-
+        began = first_line if set(holds_of) <= set(first_line) else first_ack  # the log, or time
         for hold, acked in holds_of.items():
             for other, since in first_ack.items():
-                if other == hold or not later(other, hold):
+                if other == hold or began[other] <= began[hold]:
                     continue  # `other` began after `hold`: did `hold` start a commit after that?
                 late = [c for c in acked if c.invoked > since]
                 if late:
