@@ -3,6 +3,11 @@
     python scripts/reliability.py            # the CI counts (a minute or two)
     python scripts/reliability.py --soak     # 10x: 2,000 kills per backend, 1,000 traces, ...
     python scripts/reliability.py --out -    # print instead of writing RELIABILITY.md
+    python scripts/reliability.py --seed 7   # replay a run: its seed is printed and written
+
+Each run draws a fresh seed (printed first, and in the file) unless --seed names one: the harnesses'
+kill points, schedules and generated cases all derive from it, so a run's failure is rerun by its
+seed. What a fresh seed finds becomes a fixed-seed test in tests/.
 
 Every figure in the file comes from this run; nothing is typed by hand. The harnesses live in
 `sessionlog.testing` (crash, powerloss, faults, mutations); the async cancellation stress is the
@@ -20,6 +25,7 @@ import importlib
 import importlib.metadata
 import os
 import platform
+import random
 import re
 import subprocess
 import sys
@@ -66,13 +72,14 @@ def _timed(label: str, work: Callable[[], Any]) -> Any:
     return result
 
 
-def kill9(names: list[str], kills: int, directory: Path) -> tuple[Table, bool]:
+def kill9(names: list[str], kills: int, directory: Path, seed: int) -> tuple[Table, bool]:
     rows, ok = [], True
     for name in names:
         folder = directory / f"kill-{name}"
         folder.mkdir()
         report = _timed(
-            f"kill -9 {name}", lambda name=name, folder=folder: run_kills(name, kills, directory=folder)
+            f"kill -9 {name}",
+            lambda name=name, folder=folder: run_kills(name, kills, seed=seed, directory=folder),
         )
         ok = ok and report.ok
         rows.append(
@@ -89,7 +96,7 @@ def kill9(names: list[str], kills: int, directory: Path) -> tuple[Table, bool]:
     return rows, ok
 
 
-def operator_kills(kills: int, directory: Path) -> tuple[Table, bool]:
+def operator_kills(kills: int, directory: Path, seed: int) -> tuple[Table, bool]:
     rows, ok = [], True
     for operation in OPERATIONS:
         folder = directory / f"ops-{operation}"
@@ -97,7 +104,7 @@ def operator_kills(kills: int, directory: Path) -> tuple[Table, bool]:
         report = _timed(
             f"kill -9 during {operation}",
             lambda operation=operation, folder=folder: run_operation_kills(
-                operation, kills, directory=folder
+                operation, kills, seed=seed, directory=folder
             ),
         )
         ok = ok and report.ok
@@ -116,7 +123,7 @@ def operator_kills(kills: int, directory: Path) -> tuple[Table, bool]:
     return rows, ok
 
 
-def agent_loop(kills: int, directory: Path) -> tuple[Table, bool]:
+def agent_loop(kills: int, directory: Path, seed: int) -> tuple[Table, bool]:
     """The README's loop killed and run again, per design: `intents="tool"` (the default) and
     `intents="step"` (the option; its never-started tools settled as interrupted are its cost)."""
     rows, ok = [], True
@@ -128,7 +135,9 @@ def agent_loop(kills: int, directory: Path) -> tuple[Table, bool]:
         folder.mkdir()
         report = _timed(
             f"kill -9 of the runtime's agent loop (intents={intents})",
-            lambda folder=folder, intents=intents: run_agent_kills(kills, directory=folder, intents=intents),
+            lambda folder=folder, intents=intents: run_agent_kills(
+                kills, directory=folder, intents=intents, seed=seed
+            ),
         )
         kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(report.kinds.items()))
         ok = ok and report.ok
@@ -153,7 +162,7 @@ def agent_loop(kills: int, directory: Path) -> tuple[Table, bool]:
     return rows, ok
 
 
-def idempotency(kills: int, directory: Path) -> tuple[Table, bool]:
+def idempotency(kills: int, directory: Path, seed: int) -> tuple[Table, bool]:
     """Issue 27: the README's loop against the ledger service (its own process, a durable SQLite
     ledger honouring keys, status by key): an idempotent charge, a reconciled deploy, a bash;
     killed and run again, per design."""
@@ -170,7 +179,7 @@ def idempotency(kills: int, directory: Path) -> tuple[Table, bool]:
         report = _timed(
             f"kill -9 of the agent loop against the ledger service (intents={intents})",
             lambda folder=folder, intents=intents: run_agent_kills(
-                kills, directory=folder, intents=intents, against="ledger", seed=27
+                kills, directory=folder, intents=intents, against="ledger", seed=seed
             ),
         )
         ledger = report.ledger
@@ -200,7 +209,7 @@ def idempotency(kills: int, directory: Path) -> tuple[Table, bool]:
     return rows, ok
 
 
-def sqlite_writers(kills: int, directory: Path) -> tuple[Table, bool]:
+def sqlite_writers(kills: int, directory: Path, seed: int) -> tuple[Table, bool]:
     """kill -9 of SQLite writers (sync, and async: eight commits at once through the writer
     thread), and a real full disk under each SQLite backend."""
     rows, ok = [], True
@@ -214,7 +223,7 @@ def sqlite_writers(kills: int, directory: Path) -> tuple[Table, bool]:
         report = _timed(
             f"kill -9 of a SQLite repository writer ({name})",
             lambda location=location, use_async=use_async: run_repository_kills(
-                location, kills, use_async=use_async
+                location, kills, use_async=use_async, seed=seed
             ),
         )
         ok = ok and report.ok
@@ -273,14 +282,14 @@ def bit_flips(names: list[str], directory: Path) -> tuple[Table, bool]:
     return rows, ok
 
 
-def power_loss(names: list[str], traces: int, directory: Path) -> tuple[Table, bool]:
+def power_loss(names: list[str], traces: int, directory: Path, seed: int) -> tuple[Table, bool]:
     rows, ok = [], True
     for name in names:
         folder = directory / f"power-{name}"
         folder.mkdir()
         report = _timed(
             f"power loss {name}",
-            lambda name=name, folder=folder: run_powerloss(name, traces, directory=folder),
+            lambda name=name, folder=folder: run_powerloss(name, traces, seed=seed, directory=folder),
         )
         cases = (
             f"{report.traces} traces, {report.states:,} crash states ({report.reductions:,} distinct images "
@@ -304,13 +313,14 @@ def power_loss(names: list[str], traces: int, directory: Path) -> tuple[Table, b
     return rows, ok
 
 
-def faults(names: list[str], directory: Path) -> tuple[Table, bool]:
+def faults(names: list[str], directory: Path, seed: int) -> tuple[Table, bool]:
     rows, ok = [], True
     for name in names:
         folder = directory / f"faults-{name}"
         folder.mkdir()
         report = _timed(
-            f"I/O faults {name}", lambda name=name, folder=folder: run_faults(name, directory=folder)
+            f"I/O faults {name}",
+            lambda name=name, folder=folder: run_faults(name, seed=seed, directory=folder),
         )
         ok = ok and report.ok
         operations = ", ".join(f"{op} {count}" for op, count in sorted(report.by_operation.items()))
@@ -330,7 +340,7 @@ def faults(names: list[str], directory: Path) -> tuple[Table, bool]:
     return rows, ok
 
 
-def cancellation(names: list[str], rounds: int) -> tuple[Table, bool]:
+def cancellation(names: list[str], rounds: int, seed: int) -> tuple[Table, bool]:
     """The stress of tests/test_cancellation.py, per backend."""
     infos = sessionlog.backends()
     async_names = [name for name in names if infos[name].api == "async"]
@@ -349,12 +359,12 @@ def cancellation(names: list[str], rounds: int) -> tuple[Table, bool]:
             totals: dict[str, int] = {}
             failure = None
             started = time.monotonic()
-            for seed in range(rounds):
-                path = Path(folder) / f"{name}-{seed}.jsonl"
+            for stream in range(seed * 1000, seed * 1000 + rounds):
+                path = Path(folder) / f"{name}-{stream}.jsonl"
                 try:
-                    figures = asyncio.run(stress(path, name, seed))
+                    figures = asyncio.run(stress(path, name, stream))
                 except AssertionError as error:
-                    failure = f"seed {seed}: {error}"
+                    failure = f"stream {stream}: {error}"
                     break
                 for key, value in figures.items():
                     totals[key] = totals.get(key, 0) + value
@@ -374,8 +384,8 @@ def cancellation(names: list[str], rounds: int) -> tuple[Table, bool]:
     return rows, ok
 
 
-def fuzzing(per_kind: int, hypothesis_rounds: int) -> tuple[Table, bool]:
-    count, outcomes, problems = _timed("corruption corpus", lambda: run_corpus(per_kind=per_kind))
+def fuzzing(per_kind: int, hypothesis_rounds: int, seed: int) -> tuple[Table, bool]:
+    count, outcomes, problems = _timed("corruption corpus", lambda: run_corpus(seed, per_kind=per_kind))
     kinds = ", ".join(f"{kind} {sum(seen.values())}" for kind, seen in outcomes.items())
     rows = [
         Row(
@@ -399,8 +409,9 @@ def fuzzing(per_kind: int, hypothesis_rounds: int) -> tuple[Table, bool]:
         return rows, not problems
     failure = None
     started = time.monotonic()
-    for _ in range(hypothesis_rounds):
+    for round in range(hypothesis_rounds):
         for test in tests:
+            test._hypothesis_internal_use_seed = seed * 1000 + round  # what hypothesis.seed() sets
             try:
                 test()
             except AssertionError as error:
@@ -449,7 +460,7 @@ def hostile() -> tuple[Table, bool]:
     ], ok
 
 
-def postgres(kills: int) -> tuple[Table, bool]:
+def postgres(kills: int, seed: int) -> tuple[Table, bool]:
     """kill -9 of PostgreSQL clients and of the postmaster, a failover to a synchronous standby,
     and the PostgreSQL fault tests of tests/test_postgres.py, on throwaway servers."""
     from sessionlog.testing.postgres import PostgresServer, PostgresUnavailable
@@ -472,7 +483,7 @@ def postgres(kills: int) -> tuple[Table, bool]:
             report = _timed(
                 f"kill -9 of PostgreSQL clients ({'async' if use_async else 'sync'})",
                 lambda use_async=use_async: run_repository_kills(
-                    server.new_database(), kills, use_async=use_async
+                    server.new_database(), kills, use_async=use_async, seed=seed
                 ),
             )
             row(
@@ -489,7 +500,7 @@ def postgres(kills: int) -> tuple[Table, bool]:
 
         report = _timed(
             "kill -9 of the postmaster",
-            lambda: run_repository_kills(server.new_database(), 10, max_wait=0.3, crash=crash),
+            lambda: run_repository_kills(server.new_database(), 10, max_wait=0.3, crash=crash, seed=seed),
         )
         row(
             "kill -9 of the PostgreSQL server (postmaster and backends) mid-commit, restart",
@@ -531,7 +542,7 @@ def postgres(kills: int) -> tuple[Table, bool]:
     return rows, ok
 
 
-def nemesis(seconds: float, directory: Path) -> tuple[Table, bool]:
+def nemesis(seconds: float, directory: Path, seed: int) -> tuple[Table, bool]:
     """Workers at random on each repository kind under a nemesis, their histories checked
     (`sessionlog.testing.nemesis`, `testing.histories`)."""
     from sessionlog.testing.postgres import PostgresServer, PostgresUnavailable
@@ -539,9 +550,11 @@ def nemesis(seconds: float, directory: Path) -> tuple[Table, bool]:
     rows, ok = [], True
     runs: list[tuple[str, str, Callable[[], Any]]] = [
         ("directory", "SIGKILL, SIGSTOP, clock shifts", lambda: run_fault_harness(
-            str(directory / "nemesis-dir"), seconds=seconds, work=directory / "nemesis-dir-work")),
+            str(directory / "nemesis-dir"), seconds=seconds, seed=seed,
+            work=directory / "nemesis-dir-work")),
         ("sqlite", "SIGKILL, SIGSTOP, clock shifts (leases on the writer's clock)", lambda: run_fault_harness(
-            f"sqlite:///{directory}/nemesis.db", seconds=seconds, work=directory / "nemesis-sqlite-work")),
+            f"sqlite:///{directory}/nemesis.db", seconds=seconds, seed=seed,
+            work=directory / "nemesis-sqlite-work")),
     ]  # fmt: skip
     server = None
     try:
@@ -553,7 +566,7 @@ def nemesis(seconds: float, directory: Path) -> tuple[Table, bool]:
         runs.append(("postgres", "SIGKILL, SIGSTOP past the 1 s lease, clock shifts, pg_terminate_backend, "
                      "server SIGKILL + restart", lambda: run_fault_harness(
             pg.new_database(), seconds=seconds, faults=("kill", "stop", "clock", "terminate", "restart"),
-            options={"lease_seconds": 1.0}, stop_seconds=1.5, server=pg,
+            options={"lease_seconds": 1.0}, stop_seconds=1.5, server=pg, seed=seed,
             work=directory / "nemesis-pg-work")))  # fmt: skip
     try:
         for kind, faults, run in runs:
@@ -765,7 +778,10 @@ def main(argv: list[str] | None = None) -> int:
         choices=sorted(SECTIONS),
         help="run only this section (repeatable) and put its rows in place of the same rows of --out",
     )
+    parser.add_argument("--seed", type=int, default=None, help="replay a run's seed (default: a fresh one)")
     args = parser.parse_args(argv)
+    seed = random.randrange(1_000_000) if args.seed is None else args.seed
+    print(f"seed {seed} (rerun: python scripts/reliability.py --seed {seed})", flush=True)
     scale = 10 if args.soak else 1
     kills, traces, per_kind, rounds, hypothesis_rounds = (
         200 * scale,
@@ -777,22 +793,22 @@ def main(argv: list[str] | None = None) -> int:
     # The file harnesses run on the backends whose session is a file; SQLite has its own rows.
     names = [name for name, info in sessionlog.backends().items() if info.plain_file]
     started = time.monotonic()
-    tables, oks = [], []
+    tables, oks, ran = [], [], []
     with tempfile.TemporaryDirectory(prefix="sessionlog-reliability-") as folder:
         directory = Path(folder)
         sections: dict[str, Callable[[], tuple[Table, bool]]] = {
-            "kill9": lambda: kill9(names, kills, directory),
-            "operator": lambda: operator_kills(kills // 4, directory),
-            "agent": lambda: agent_loop(kills, directory),
-            "idempotency": lambda: idempotency(kills * 3 // 2, directory),
-            "sqlite": lambda: sqlite_writers(kills, directory),
-            "postgres": lambda: postgres(kills),
-            "nemesis": lambda: nemesis(120 * scale, directory),
-            "powerloss": lambda: power_loss(names, traces, directory),
+            "kill9": lambda: kill9(names, kills, directory, seed),
+            "operator": lambda: operator_kills(kills // 4, directory, seed),
+            "agent": lambda: agent_loop(kills, directory, seed),
+            "idempotency": lambda: idempotency(kills * 3 // 2, directory, seed),
+            "sqlite": lambda: sqlite_writers(kills, directory, seed),
+            "postgres": lambda: postgres(kills, seed),
+            "nemesis": lambda: nemesis(120 * scale, directory, seed),
+            "powerloss": lambda: power_loss(names, traces, directory, seed),
             "bitflips": lambda: bit_flips(names, directory),
-            "faults": lambda: faults(names, directory),
-            "cancellation": lambda: cancellation(names, rounds),
-            "fuzzing": lambda: fuzzing(per_kind, hypothesis_rounds),
+            "faults": lambda: faults(names, directory, seed),
+            "cancellation": lambda: cancellation(names, rounds, seed),
+            "fuzzing": lambda: fuzzing(per_kind, hypothesis_rounds, seed),
             "hostile": hostile,
         }
         assert set(sections) == SECTIONS
@@ -802,7 +818,8 @@ def main(argv: list[str] | None = None) -> int:
             table, ok = section()
             tables.append(table)
             oks.append(ok)
-    counts = f"{kills} kills and {traces} traces per backend, {per_kind} mutations per kind"
+            ran.append(name)
+    counts = f"{kills} kills and {traces} traces per backend, {per_kind} mutations per kind, seed {seed}"
     text = render(tables, "soak" if args.soak else "CI counts", counts, time.monotonic() - started)
     if args.only and args.out != "-":
         text = spliced(Path(args.out).read_text(), text)
@@ -811,7 +828,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         Path(args.out).write_text(text)
         print(f"wrote {args.out}")
-    return 0 if all(oks) else 1
+    if not all(oks):
+        only = " ".join(f"--only {name}" for name, good in zip(ran, oks, strict=True) if not good)
+        print(f"FAILED: rerun with: python scripts/reliability.py --seed {seed} {only} --out -")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
