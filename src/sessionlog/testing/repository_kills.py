@@ -2,7 +2,8 @@
 
 A child opens the repository, opens (or creates) its session and commits numbered user messages
 as fast as it can, printing each number once its commit returned. The parent SIGKILLs it at a
-random moment, then checks: the repository opens, the session reads back as exactly the
+random moment after a few acknowledgements (0 to 3, waited for: however slow a loaded machine's
+commits, a run acknowledges some), then checks: the repository opens, the session reads back as exactly the
 messages 0..N-1 in order (no gap, no duplicate), N is at least every number acknowledged, and
 the next child opens the session (taking over the dead writer's hold) and goes on; past 2,000
 lines the session is deleted once checked and the next child starts a new one.
@@ -19,7 +20,9 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -86,6 +89,22 @@ async def async_child_main(location: str, options: dict[str, Any], window: int =
         done += window
 
 
+HANG_SECONDS = 120.0  # a child that says nothing this long hangs (a bound for a hang only)
+
+
+def _read_lines(fd: int, out: bytearray, lines: int | None) -> bool:
+    """Read the child's output into `out` until it holds `lines` lines (None: to its end).
+    False when its end or HANG_SECONDS without a byte came first."""
+    while lines is None or out.count(b"\n") < lines:
+        if not select.select([fd], [], [], HANG_SECONDS)[0]:
+            return False
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return lines is None
+        out += chunk
+    return True
+
+
 def run_repository_kills(
     location: str,
     kills: int = 200,
@@ -118,11 +137,26 @@ def run_repository_kills(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
-        assert child.stdout is not None
-        if child.stdout.readline().strip() != b"ready":
-            _, error = child.communicate()
-            last = error.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        assert child.stdout is not None and child.stderr is not None
+        out = bytearray()  # read from the pipe itself: a buffered reader would hide lines from select
+        if not _read_lines(child.stdout.fileno(), out, 1) or not out.startswith(b"ready\n"):
+            child.kill()
+            child.wait()
+            last = child.stderr.read().decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
             report.failures.append(f"a child did not start: {last[0][-300:]}")
+            return report
+        # The kill lands after some acknowledgements (at least one before a crash of the server),
+        # then after a random delay: waited for, so that a loaded machine's slow commits cannot
+        # leave a run with nothing acknowledged.
+        acks = rng.choice((0, 1, 1, 2, 3)) if crash is None else rng.choice((1, 2, 3))
+        if not _read_lines(child.stdout.fileno(), out, 1 + acks):
+            child.kill()
+            child.wait()
+            said = child.stderr.read().decode(errors="replace").strip()[-300:] or "nothing"
+            report.failures.append(
+                f"kill {report.kills + 1}: the child did not acknowledge {acks} commits (it ended, or said "
+                f"nothing for {HANG_SECONDS:.0f} s); its stderr: {said}"
+            )
             return report
         time.sleep(rng.uniform(0, max_wait))
         if crash is None:
@@ -130,9 +164,13 @@ def run_repository_kills(
                 child.send_signal(signal.SIGKILL)
         else:
             location = crash(child) or location
-        out, _ = child.communicate()
+        _read_lines(child.stdout.fileno(), out, None)  # the rest, to its end
+        child.wait()
+        child.stdout.close()
+        child.stderr.close()
+        out = out[len(b"ready\n") :]
         report.kills += 1
-        acknowledged = [int(line) for line in out.split()]
+        acknowledged = [int(line) for line in bytes(out).split()]
         # Read back with any durability: after a failover the promoted standby has none of its own.
         repo = sessionlog.repository(location, **{k: v for k, v in options.items() if k != "durability"})
         try:
