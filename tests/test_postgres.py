@@ -206,14 +206,21 @@ def test_a_lease_expires_and_the_old_writer_is_fenced(
     postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = fresh_database(postgres_server)
-    with sessionlog.repository(url, lease_seconds=0.5) as repo:
+    with sessionlog.repository(url) as repo:  # a lease no delayed heartbeat ends before the checks
         first = repo.create(**HEADER)
         first.commit(F.accept_prompt("slow worker"))
         session_id = first.load().session_id
         with pytest.raises(sessionlog.SessionLockedError, match="lease until"):
             repo.open(session_id)
         monkeypatch.setattr(repo.heartbeat, "renew_now", lambda: None)  # its renewals reach nothing
-        time.sleep(0.7)  # no commit and no heartbeat renewed the lease
+        # The lease ran out on the server's clock (the one that counts) while the writer still
+        # counts it as running: only fencing can refuse its next commit.
+        sql(
+            url,
+            "update sessionlog.sessions set lease_expires_at = now() - interval '1 second' "
+            "where session_id = %s",
+            session_id,
+        )
         assert [row.session_id for row in repo.unfinished()] == [session_id]
         second = repo.open(session_id)
         with pytest.raises(sessionlog.StorePoisonedError) as caught:

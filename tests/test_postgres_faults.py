@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -37,17 +38,54 @@ def contents(repo: Any, session_id: str) -> list[Any]:
     return [message["content"] for message in repo.load(session_id).transcript]
 
 
+def wait_for(condition: Callable[[], Any], what: str, seconds: float = 60) -> None:
+    """Poll until `condition()` is true; `seconds` only bounds a hang, however loaded the machine."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {seconds:.0f} s for {what}")
+        time.sleep(0.1)
+
+
+def lease_ran_out(url: str, session_id: str) -> bool:
+    """On the server's clock, the one fencing and recovery go by."""
+    query = "select lease_expires_at <= now() from sessionlog.sessions where session_id = %s"
+    return sql(url, query, session_id) == [(True,)]
+
+
+def expire_lease(url: str, session_id: str) -> None:
+    """The lease runs out on the server at once, whatever its writer counts on its own clock."""
+    query = (
+        "update sessionlog.sessions set lease_expires_at = now() - interval '1 second' where session_id = %s"
+    )
+    sql(url, query, session_id)
+
+
 # -- a heartbeat renews the lease of a writer that holds a session ----------------------------------
 
 
 def test_a_writer_idle_for_many_leases_keeps_its_session(postgres_server: PostgresServer) -> None:
     """An agent waiting on one model call far longer than the lease is never taken over."""
     url = postgres_server.new_database()
-    with sessionlog.repository(url, lease_seconds=2) as repo, sessionlog.repository(url) as recovery:
+    lease = 6  # renewed every 2 s: a renewal a loaded machine delays by seconds still lands in time
+    with sessionlog.repository(url, lease_seconds=lease) as repo, sessionlog.repository(url) as recovery:
         store = repo.create(**HEADER)
         store.commit(F.accept_prompt("a long model call"))
         session_id = store.load().session_id
-        time.sleep(7)  # three leases and more without a commit: the scenario, not a verdict
+        query = (
+            "select extract(epoch from lease_expires_at), extract(epoch from now()) "
+            "from sessionlog.sessions where session_id = %s"
+        )
+        ((first_end, _),) = sql(url, query, session_id)  # set by the commit; from now on only renewed
+
+        def idle_past_two_leases() -> bool:
+            ((end, now),) = sql(url, query, session_id)
+            assert repo.heartbeat.held(), "the writer counts its lease as run out: no renewal moved it on"
+            assert end > now, f"the lease ran out on the server {now - end:.1f} s ago: no renewal reached it"
+            # A renewal extends only a running lease: it ran all along, without a commit.
+            return bool(end - first_end > 2 * lease)
+
+        wait_for(idle_past_two_leases, "the heartbeat to renew an idle writer's lease past two leases", 180)
         assert recovery.unfinished() == []
         assert recovery.claim_unfinished() is None
         with pytest.raises(sessionlog.SessionLockedError):
@@ -65,7 +103,7 @@ def test_a_writer_whose_renewal_is_blocked_knows_before_its_commit(postgres_serv
     import psycopg
 
     url = postgres_server.new_database()
-    with sessionlog.repository(url, lease_seconds=1) as repo:
+    with sessionlog.repository(url, lease_seconds=5) as repo:  # outlasts a slow first commit
         store = repo.create(**HEADER)
         store.commit(F.accept_prompt("mine"))
         session_id = store.load().session_id
@@ -75,7 +113,9 @@ def test_a_writer_whose_renewal_is_blocked_knows_before_its_commit(postgres_serv
             nemesis.execute(
                 "select 1 from sessionlog.sessions where session_id = %s for update", (session_id,)
             )
-            time.sleep(2.5)  # past the lease, every renewal skipped the locked row
+            # Every renewal skips the locked row until the lease ran out on the server (so on the
+            # writer's own clock, which counts it from before each renewal was sent).
+            wait_for(lambda: lease_ran_out(url, session_id), "the lease of a locked row to run out")
 
             def commit() -> None:
                 try:
@@ -102,7 +142,7 @@ _STOPPED = """
 import sys, sessionlog
 from sessionlog.core import facts as F
 url, session_id = sys.argv[1:3]
-repo = sessionlog.repository(url, lease_seconds=2)
+repo = sessionlog.repository(url)  # its lease is ended on the server, not waited out
 store = repo.open(session_id)
 print("open", flush=True)
 sys.stdin.readline()
@@ -131,9 +171,11 @@ def test_a_writer_stopped_past_its_lease_is_claimed_and_fenced(postgres_server: 
         assert child.stdin is not None and child.stdout is not None
         try:
             assert child.stdout.readline().strip() == "open"
-            assert repo.claim_unfinished() is None  # its heartbeat runs
+            assert repo.claim_unfinished() is None  # its lease runs
             os.kill(child.pid, signal.SIGSTOP)
-            time.sleep(4.5)  # past its lease
+            # Stopped past its lease: it ran out on the server's clock, not yet on the writer's, so
+            # only fencing can refuse the writer once continued.
+            expire_lease(url, session_id)
             claimed = repo.claim_unfinished()
             assert claimed is not None and claimed.load().session_id == session_id
             os.kill(child.pid, signal.SIGCONT)
@@ -500,13 +542,21 @@ def test_a_sync_repository_goes_on_after_its_backends_are_terminated(postgres_se
         store.commit(F.accept_prompt("before"))
         session_id = store.load().session_id
         database = url.rsplit("/", 1)[1]
-        sql(
-            url,
-            "select pg_terminate_backend(pid) from pg_stat_activity "
-            "where datname = %s and pid <> pg_backend_pid()",
-            database,
+        terminated = [
+            pid
+            for pid, _ in sql(
+                url,
+                "select pid, pg_terminate_backend(pid) from pg_stat_activity "
+                "where datname = %s and pid <> pg_backend_pid()",
+                database,
+            )
+        ]
+        assert terminated  # the repository's connections
+        # The terminations are signals: the next call must not reach a backend still alive.
+        wait_for(
+            lambda: not sql(url, "select 1 from pg_stat_activity where pid = any(%s)", terminated),
+            f"the terminated backends {terminated} to be gone",
         )
-        time.sleep(0.5)  # the terminations are signals: let them land (no verdict hangs on it)
         for _ in range(4):
             assert [info.session_id for info in repo.list()] == [session_id]
         store.commit([F.user_message("after")])
@@ -527,14 +577,14 @@ def test_a_store_dropped_without_close_is_renewed_no_longer(postgres_server: Pos
     import gc
 
     url = postgres_server.new_database()
-    with sessionlog.repository(url, lease_seconds=2) as repo:
+    with sessionlog.repository(url, lease_seconds=5) as repo:  # outlasts a slow first commit
         store = repo.create(**HEADER)
         store.commit(F.accept_prompt("dropped"))
         session_id = store.load().session_id
         del store
         gc.collect()
         assert repo.heartbeat.held() == []
-        time.sleep(4)  # past the lease
+        wait_for(lambda: lease_ran_out(url, session_id), "the lease of a dropped store to run out")
         assert [info.session_id for info in repo.unfinished()] == [session_id]
         with repo.open(session_id) as again:
             again.commit([F.user_message("picked up")])
@@ -549,7 +599,7 @@ def test_a_dropped_async_store_gives_its_session_back(postgres_server: PostgresS
     url = postgres_server.new_database()
 
     async def main() -> None:
-        repo = await sessionlog.repository_async(url, lease_seconds=2)
+        repo = await sessionlog.repository_async(url)  # a lease no late renewal loses: released, not lapsed
         dropped, other = await repo.create(**HEADER), await repo.create(**HEADER)
         await dropped.commit(F.accept_prompt("dropped"))
         session_id = (await dropped.load()).session_id
