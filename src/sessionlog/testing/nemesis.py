@@ -198,6 +198,19 @@ def _terminate_backends(url: str) -> int:
     return len(rows)
 
 
+def _running(folder: Path) -> dict[str, int]:
+    """The workers' pids by process name. A file its worker has not written yet is left out: read
+    as pid 0 it sent the fault to the nemesis's whole process group (the harness, and the test run
+    that started it); one the harness removed meanwhile (its worker died) is left out too."""
+    pids: dict[str, int] = {}
+    for path in folder.iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(path.read_text())
+            if pid > 0:
+                pids[path.name] = pid
+    return pids
+
+
 def nemesis_main(work: Path, settings: dict[str, Any]) -> None:
     rng = random.Random(f"nemesis:{settings['seed']}")
     history = Recorder(work / "histories" / "nemesis.jsonl", "nemesis")
@@ -212,8 +225,11 @@ def nemesis_main(work: Path, settings: dict[str, Any]) -> None:
         )
     deadline = time.monotonic() + settings["seconds"]
     due: list[str] = []
-    # past the deadline until every kind of fault was made once (a loaded machine is slow)
-    while (time.monotonic() < deadline or not (work / "round").exists()) and not (work / "stop").exists():
+    while not (work / "stop").exists():
+        # past the deadline until every kind of fault was made once (a loaded machine is slow),
+        # and while the harness waits for more acknowledged commits (`min_acknowledged`)
+        if time.monotonic() >= deadline and (work / "round").exists() and not (work / "more").exists():
+            break
         if due == [] and (work / "round.started").exists():
             (work / "round").touch()  # the first round was made
         time.sleep(rng.uniform(0.05, settings["pause"]))
@@ -221,12 +237,12 @@ def nemesis_main(work: Path, settings: dict[str, Any]) -> None:
             due = rng.sample(faults, len(faults))
             (work / "round.started").touch()
         fault = due.pop()
-        pids = {path.name: path.read_text() for path in (work / "pids").iterdir()}
+        pids = _running(work / "pids")
         if not pids:
             due.append(fault)  # made later, on a worker then running
             continue
         target = rng.choice(sorted(pids))
-        pid = int(pids[target] or 0)
+        pid = pids[target]
         try:
             if fault == "kill":
                 os.kill(pid, signal.SIGKILL)
@@ -314,12 +330,50 @@ def _spawn(
         return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=errors)
 
 
+class _Acknowledged:
+    """The commits acknowledged in the workers' histories (`histories.Recorder` files), counted
+    on from where the last count stopped, up to the last whole line."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.count = 0
+        self.read: dict[Path, int] = {}  # bytes counted of each file
+        self.pending: dict[Path, set[int]] = {}  # commits invoked and not yet told, by file
+
+    def reach(self, needed: int) -> bool:
+        """Whether the histories hold `needed` acknowledged commits (read only until they do)."""
+        for path in sorted(self.directory.glob("w*.jsonl")):
+            pending = self.pending.setdefault(path, set())
+            with open(path, "rb") as file:
+                file.seek(self.read.get(path, 0))
+                for line in file:
+                    if self.count >= needed or not line.endswith(b"\n"):
+                        break  # a line being written (or torn by a kill) is read again next time
+                    self.read[path] = self.read.get(path, 0) + len(line)
+                    try:
+                        record = json.loads(line)
+                    except ValueError:
+                        continue
+                    if record.get("type") == "invoke":
+                        if record.get("op") == "commit":
+                            pending.add(record.get("i"))
+                    elif record.get("i") in pending:
+                        pending.discard(record.get("i"))
+                        if record.get("type") == "ok":
+                            self.count += 1
+        return self.count >= needed
+
+
+ACKNOWLEDGED_BOUND = 300.0  # seconds past `seconds` a run may go on for `min_acknowledged`: a hang bound
+
+
 def run_fault_harness(
     location: str,
     *,
     workers: int = 4,
     sessions: int = 4,
     seconds: float = 10.0,
+    min_acknowledged: int = 0,
     faults: Sequence[str] = ("kill", "stop", "clock"),
     options: dict[str, Any] | None = None,
     server: Any = None,
@@ -331,6 +385,9 @@ def run_fault_harness(
     work: Path | None = None,
 ) -> FaultHarnessReport:
     """Run the workers and the nemesis on the repository at `location` for `seconds`, then check.
+    `min_acknowledged`: the run (faults too) goes on past `seconds` until the workers' histories
+    hold that many acknowledged commits (a loaded machine may make few), at most
+    ACKNOWLEDGED_BOUND seconds more: a note of the report then says it fell short.
     `server`: the `testing.postgres.PostgresServer` behind a PostgreSQL location, for `restart`."""
     options = dict(options or {})
     unknown = sorted(set(faults) - set(FAULTS))
@@ -339,6 +396,8 @@ def run_fault_harness(
     for name, value in (("workers", workers), ("sessions", sessions)):
         if type(value) is not int or value < 1:
             raise ValueError(f"{name} is a whole number of at least 1, not {value!r}")
+    if type(min_acknowledged) is not int or min_acknowledged < 0:
+        raise ValueError(f"min_acknowledged is a whole number, not {min_acknowledged!r}")
     if not seconds > 0:
         raise ValueError(f"seconds is a number above 0, not {seconds!r}")
     if "restart" in faults and server is None:
@@ -354,7 +413,11 @@ def run_fault_harness(
     work = Path(work or tempfile.mkdtemp(prefix="sessionlog-nemesis-"))
     for name in ("histories", "pids", "clocks", "errors"):
         (work / name).mkdir(parents=True, exist_ok=True)
+    acknowledged = _Acknowledged(work / "histories")
+    if min_acknowledged > 0:
+        (work / "more").touch()  # before the nemesis starts: it goes on while this is there
     started = time.monotonic()
+    waited = False  # whether the run went on past its end for `min_acknowledged`
     report_notes: list[str] = []
     settings: dict[str, Any] = {
         "seed": seed, "faults": faults, "seconds": seconds, "pause": pause, "stop_seconds": stop_seconds,
@@ -378,13 +441,27 @@ def run_fault_harness(
         incarnations += 1
         running[slot] = (process, _spawn(location, options, process, work, seed, sessions, faketime))
 
+    def wanting() -> bool:
+        """Whether the histories hold fewer than `min_acknowledged` acknowledged commits yet."""
+        nonlocal waited
+        if not (work / "more").exists():
+            return False
+        if not acknowledged.reach(min_acknowledged):
+            waited = True
+            return True
+        (work / "more").unlink()  # enough: the nemesis may end too
+        return False
+
     try:
         for slot in range(workers):
             start(slot)
         deadline = started + seconds
-        # past the deadline (by at most a minute) until the nemesis made each kind of fault once
-        while time.monotonic() < deadline or (
-            not (work / "round").exists() and time.monotonic() < deadline + 60
+        # past the deadline (by at most a minute) until the nemesis made each kind of fault once,
+        # and (by at most ACKNOWLEDGED_BOUND) until the workers had `min_acknowledged` acknowledged
+        while (
+            time.monotonic() < deadline
+            or (not (work / "round").exists() and time.monotonic() < deadline + 60)
+            or (wanting() and time.monotonic() < deadline + ACKNOWLEDGED_BOUND)
         ):
             time.sleep(0.05)
             for slot, (process, child) in list(running.items()):
@@ -395,6 +472,17 @@ def run_fault_harness(
                             f"worker {process} exited {child.returncode}: {_tail(work / 'errors' / process)}"
                         )
                     start(slot)
+        if wanting():
+            report_notes.append(
+                f"the workers had {acknowledged.count} commits acknowledged after "
+                f"{time.monotonic() - started:.0f} s, short of the {min_acknowledged} asked for (the run "
+                f"goes on at most {ACKNOWLEDGED_BOUND:g} s past its {seconds:g} s for them)"
+            )
+        elif waited:
+            remarks.append(
+                f"the run went on {time.monotonic() - deadline:.0f} s past its {seconds:g} s, until the "
+                f"workers had {min_acknowledged} commits acknowledged"
+            )
         (work / "stop").write_text("")
         nemesis.wait(timeout=bound + 60)
     except BaseException:  # interrupted (Ctrl-C), or failed: no worker or nemesis outlives the run
