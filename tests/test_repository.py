@@ -11,6 +11,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import sessionlog
 from sessionlog.core import facts as F
 from sessionlog.core.ids import new_id
 from sessionlog.repositories import directory as directory_module
+from sessionlog.repositories import sqlite as sqlite_module
 from sessionlog.repositories.index import INDEX_NAME
 from sessionlog.testing.repository_suite import AsyncRepositoryContract, RepositoryContract
 from sessionlog.testing.sessions import READ_SNAPSHOT
@@ -192,6 +194,61 @@ def test_sqlite_two_processes_commit_to_different_sessions_of_one_file(tmp_path:
     workers = [subprocess.Popen([sys.executable, "-c", script, location, session_id]) for session_id in ids]
     assert [worker.wait(timeout=120) for worker in workers] == [0, 0]
     assert [repo.load(session_id).last_seq for session_id in ids] == [60, 60]
+    repo.close()
+
+
+@pytest.mark.parametrize("others", ["commit", "stall"])
+def test_sqlite_a_writer_waits_while_others_commit_and_gives_up_when_nobody_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, others: str
+) -> None:
+    """SQLite's write lock is not fair: on a busy disk the writers of other sessions of the file
+    can hold it, commit after commit, for longer than the busy limit in all. A writer waiting for
+    it waits on while they commit (it used to give up after 5 s of that, its store poisoned), and
+    gives up (SessionLockedError) once the limit passed with no commit by anyone. On a virtual clock: each
+    retry's sleep is a second in which the other writer commits and takes the lock again, or not."""
+    repo = _repository("sqlite", tmp_path)
+    with repo.create(**HEADER) as made:
+        other_id = made.load().session_id
+    store = repo.create(**HEADER)
+    session_id = store.load().session_id
+    limit = sqlite_module._BUSY_SECONDS
+    held_for = 4 * limit  # virtual seconds the other writer keeps the lock
+    clock = types.SimpleNamespace(now=0.0, commits=0)
+    other = sqlite3.connect(tmp_path / "sessions.db", isolation_level=None)
+
+    def sleep(seconds: float) -> None:
+        clock.now += 1.0
+        if clock.now > 20 * held_for:  # a hang detector, on the virtual clock
+            raise AssertionError(f"the writer still waited after {clock.now:.0f} virtual seconds")
+        if others == "commit" and other.in_transaction:
+            other.execute("update sessions set updated_at = updated_at + 1 where session_id = ?", (other_id,))
+            other.execute("commit")
+            clock.commits += 1
+            if clock.now < held_for:
+                other.execute("begin immediate")
+
+    monkeypatch.setattr(
+        sqlite_module, "time", types.SimpleNamespace(monotonic=lambda: clock.now, sleep=sleep)
+    )
+    other.execute("begin immediate")
+    try:
+        if others == "commit":
+            store.commit(_user("after the others"))
+            assert clock.now >= held_for > limit and clock.commits >= held_for  # waited past the limit
+        else:
+            with pytest.raises(sessionlog.StorePoisonedError) as refused:
+                store.commit(_user("never"))
+            assert isinstance(refused.value.__cause__, sessionlog.SessionLockedError), refused.value
+            assert "no commit by any writer" in str(refused.value.__cause__)
+            assert limit <= clock.now <= limit + 2  # the limit, counted from the last commit seen
+    finally:
+        if other.in_transaction:
+            other.rollback()
+        other.close()
+    monkeypatch.undo()
+    store.close()
+    landed = [message["content"] for message in repo.load(session_id).transcript]
+    assert landed == (["after the others"] if others == "commit" else [])
     repo.close()
 
 

@@ -27,8 +27,9 @@ garbage-collected (or at exit); closing the repository releases the sessions its
 hold (their commits are refused from then on). Every commit is `BEGIN IMMEDIATE`, an update of
 the summary row `WHERE session_id = ? AND writer_epoch = ? AND head_line = ?` (no row: the
 writer was fenced, nothing is written) and the insert of the line, then `COMMIT`. A busy
-database is retried with jitter for a short while, then reported as SessionLockedError; a raw
-sqlite3 error never escapes (SessionPathError for the file's failures, else RepositoryError).
+database is retried with jitter while other writers commit, and reported as SessionLockedError
+once no writer committed for a few seconds; a raw sqlite3 error never escapes (SessionPathError
+for the file's failures, else RepositoryError).
 
 One repository object may be shared by threads: its own connection is used under a lock (one
 transaction at a time); each store has a connection of its own. A `-wal` file removed or
@@ -114,6 +115,16 @@ _ROW_SQL = {
     "update": _SQL["update"].replace(" where ", f", lease_expires_at = {sqlite_holds.LEASE_END} where ", 1),
 }
 _BUSY_SECONDS = 5.0
+
+
+def _data_version(connection: sqlite3.Connection) -> int | None:
+    """`PRAGMA data_version`: it changes when another connection commits to the database (None
+    when it cannot be read just now)."""
+    try:
+        row = connection.execute("pragma data_version").fetchone()
+    except sqlite3.OperationalError:
+        return None
+    return int(row[0])
 
 
 def _add_column(connection: sqlite3.Connection, column: str) -> None:
@@ -312,7 +323,9 @@ class SQLiteRepository(SQLRepository):
 
     def begin(self, connection: sqlite3.Connection) -> None:
         """`BEGIN IMMEDIATE` (the write lock), retried with jitter while the database is busy;
-        SessionLockedError once it stayed busy for a few seconds."""
+        SessionLockedError once it stayed busy for a few seconds in which no writer committed.
+        While other writers commit (to other sessions of the file) it waits on: SQLite's lock is
+        not fair, and on a busy disk their commits can hold it for longer than that in all."""
         if self._wal is not None and _inode(self._wal_path) != self._wal:
             self._wal_removed(connection)
         try:
@@ -321,6 +334,7 @@ class SQLiteRepository(SQLRepository):
         except sqlite3.OperationalError as error:
             self._check_busy(error)
         deadline = time.monotonic() + _BUSY_SECONDS
+        seen = _data_version(connection)
         while True:
             time.sleep(random.uniform(0.001, 0.01))
             try:
@@ -328,10 +342,14 @@ class SQLiteRepository(SQLRepository):
                 return
             except sqlite3.OperationalError as error:
                 self._check_busy(error)
-                if time.monotonic() > deadline:
-                    raise SessionLockedError(
-                        f"{self.path}: the database stayed busy for {_BUSY_SECONDS:.0f} s"
-                    ) from None
+            version = _data_version(connection)
+            if version is not None and version != seen:  # another writer committed: busy, not stuck
+                seen, deadline = version, time.monotonic() + _BUSY_SECONDS
+            elif time.monotonic() > deadline:
+                raise SessionLockedError(
+                    f"{self.path}: the database stayed busy for {_BUSY_SECONDS:.0f} s with no commit by "
+                    "any writer"
+                ) from None
 
     def _wal_removed(self, connection: sqlite3.Connection) -> None:
         """The -wal file is not the one this repository opened (it was removed or replaced): the
