@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import os
 import random
@@ -65,7 +66,7 @@ RUN_AGAIN = {"read", "charge", "deploy"}
 had not run; that it never took effect twice is the ledger's figure)."""
 KILLS = ("anywhere", "model", "model-twice", "tool", "recovery")
 INTERRUPTED = "Operation interrupted"
-HUNG = 60  # seconds: a child still running then dumps its stacks and exits (1)
+HUNG = 60  # seconds: a child silent that long (no marker) dumps its stacks and exits (1)
 
 
 @dataclass
@@ -139,10 +140,14 @@ def _append(path: Path, line: str) -> None:
 
 
 _markers = 1  # the fd the child says where it is on
+_watched = False  # a forked child: each marker re-arms its hang detector (`Child`)
 
 
 def _say(line: str) -> None:
     os.write(_markers, (line + "\n").encode())
+    if _watched:  # progress: the detector fires after HUNG seconds without any, not of life
+        faulthandler.cancel_dump_traceback_later()
+        faulthandler.dump_traceback_later(HUNG, exit=True, file=2)
 
 
 def child_main(
@@ -348,14 +353,14 @@ class Child:
         if pid == 0:  # pragma: no cover - the child, measured by what it leaves behind
             status = 1
             try:
-                global _markers
+                global _markers, _watched
                 os.close(read)
                 _markers = write
                 os.dup2(os.open(self.errors, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 2)
-                import faulthandler
-
                 # a child that hangs says where, and ends: a failure to report, never a hung harness
+                # (re-armed by every marker, so a slow child that keeps going is not cut short)
                 faulthandler.dump_traceback_later(HUNG, exit=True, file=2)
+                _watched = True
                 child_main(folder, seed, intents, killed_in_model, *([ledger] if ledger else []))
                 status = 0
             except BaseException:

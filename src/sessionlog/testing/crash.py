@@ -494,6 +494,7 @@ class _Child:
         self.opened = False
         self.writes = 0  # large writes started
         self.syncs = 0  # syncs started
+        self.records = 0  # everything it reported: its progress
         self._buffer = b""
         self._server = server
         self._fd, write_fd = os.pipe()
@@ -522,6 +523,7 @@ class _Child:
             return False
         self._buffer += chunk
         whole = len(self._buffer) // 4 * 4
+        self.records += whole // 4
         for (value,) in _RECORD.iter_unpack(self._buffer[:whole]):
             if value == _OPENED:
                 self.opened = True
@@ -549,31 +551,46 @@ class _Child:
         return None if code == -signal.SIGKILL else code
 
 
-def _aim(child: _Child, rng: random.Random, mode: str, start: int, max_wait: float) -> None:
-    """Wait for the moment `mode` aims at (never longer than `max_wait`)."""
+def _aim(child: _Child, rng: random.Random, mode: str, start: int, hung: float) -> str | None:
+    """Wait for the moment `mode` aims at: after 0 to 3 acknowledgements (and, for `write` and
+    `sync`, inside the next large write or sync), however long a loaded machine takes to get
+    there. None once there (or once the child ended by itself); what it waited for in vain if
+    the child reported nothing for `hung` seconds (a hang, reported as a failure)."""
     if mode == "start-up":  # start-up, open, repair of the torn tail, the first commits
         time.sleep(rng.random() * 0.04)
-        return
-    deadline = time.monotonic() + max_wait
+        return None
     acks = rng.choice((0, 0, 1, 2, 3))
     alive = True
 
-    def wait(ready: Callable[[], bool]) -> None:
+    def wait(ready: Callable[[], bool], what: str) -> str | None:
         nonlocal alive
-        while alive and not ready() and time.monotonic() < deadline:
+        began = time.monotonic()
+        deadline, heard = began + hung, child.records
+        while alive and not ready():
+            if child.records != heard:  # it goes on, however slowly
+                deadline, heard = time.monotonic() + hung, child.records
+            elif time.monotonic() >= deadline:
+                return (
+                    f"waited {time.monotonic() - began:.0f} s for {what} ({mode} kill), the last "
+                    f"{hung:.0f} s without a word from the child: it hung"
+                )
             alive = child.poll(deadline - time.monotonic())
+        return None
 
-    wait(lambda: child.opened and child.acked + 1 - start >= acks)
+    stuck = wait(lambda: child.opened and child.acked + 1 - start >= acks, f"{acks} acknowledgement(s)")
+    if stuck is not None:
+        return stuck
     if mode == "commit":
         time.sleep(rng.random() * 0.01)
     elif mode == "write":  # inside a write of several MB: it tears
         seen = child.writes
-        wait(lambda: child.writes > seen)
+        stuck = wait(lambda: child.writes > seen, "a large write to start")
         if rng.random() < 0.3:
             time.sleep(rng.random() * 0.0005)
     else:  # inside an fdatasync
         seen = child.syncs
-        wait(lambda: child.syncs > seen)
+        stuck = wait(lambda: child.syncs > seen, "a sync to start")
+    return stuck
 
 
 def _lane(
@@ -608,14 +625,18 @@ def _lane(
         for _ in range(min(rotate, kills - done)):
             start = acknowledged
             child = _Child(server, path, backend, stream.seed, plugins, probe)
+            stuck = None
             try:
-                _aim(child, rng, rng.choice(modes), start, max_wait)
+                stuck = _aim(child, rng, rng.choice(modes), start, max_wait)
             finally:
                 code = child.kill()
             done += 1
             report.kills += 1
             if code is not None:
                 report.failures.append(f"{path.name}: the child exited by itself with code {code}")
+                break
+            if stuck is not None:
+                report.failures.append(f"{path.name}, kill {report.kills}: {stuck}")
                 break
             known = known or child.opened
             if child.acked >= 0:
@@ -695,12 +716,15 @@ def run_kills(
     launcher: str = "forkserver",
     plugins: Sequence[str] = (),
     probe: bool = True,
-    max_wait: float = 2.0,
+    max_wait: float = 60.0,
 ) -> KillReport:
     """SIGKILL `kills` children committing to `backend`, `lanes` at a time (each lane its own
     session files, a new one every `rotate` kills), checking the log after every kill.
     `plugins`: modules that register the backend, for one outside the default registry;
-    `probe=False` for a backend that takes no `ops=` (kills are then aimed by time only)."""
+    `probe=False` for a backend that takes no `ops=` (kills are then aimed by time only).
+    `max_wait`: a hang detector: a kill waits for its acknowledgements (and its write or sync)
+    however long they take, and a child that reports nothing for that many seconds meanwhile is
+    a failure."""
     if launcher not in ("forkserver", "subprocess"):
         raise ValueError(f"launcher must be 'forkserver' or 'subprocess', not {launcher!r}")
     info = backends(registry_for(plugins))[backend]
