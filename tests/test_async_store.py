@@ -9,9 +9,9 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import pytest
@@ -21,10 +21,14 @@ from conftest import ASYNC_BACKENDS, HEADER, run
 from sessionlog import new_id
 from sessionlog.backends.jsonl_async import INFO as ASYNC_INFO
 from sessionlog.backends.jsonl_async import open_jsonl_async
-from sessionlog.backends.jsonl_file import FileOps
+from sessionlog.backends.jsonl_file import DEFAULT_OPS, FileOps
 from sessionlog.core import facts as F
 from sessionlog.core.async_store import AsyncSessionStore
 from sessionlog.core.store import AsyncBackend
+
+T = TypeVar("T")
+HUNG = 60.0  # seconds: a hang detector's bound (what a test waits for comes long before)
+AN_HOUR_US = 3_600_000_000  # a max wait no test sits out
 
 
 def user(index: int, size: int = 450) -> list[dict[str, Any]]:
@@ -68,8 +72,8 @@ class Ops(FileOps):
         gate = self._gate
         if gate is not None:
             self.entered.set()
-            if not gate.wait(10):
-                raise TimeoutError("the test never released the gate")
+            if not gate.wait(HUNG):
+                raise TimeoutError(f"the test never released the gate (waited {HUNG:.0f} s)")
 
     def write(self, fd: int, data: Any) -> int:
         if not _on_event_loop():
@@ -105,7 +109,28 @@ def _on_event_loop() -> bool:
 
 async def entered(ops: Ops) -> None:
     """Wait until the writer's worker thread is inside the held write."""
-    assert await asyncio.to_thread(ops.entered.wait, 10)
+    assert await asyncio.to_thread(ops.entered.wait, HUNG), f"no write reached the gate in {HUNG:.0f} s"
+
+
+async def within(awaitable: Awaitable[T], what: str) -> T:
+    """`awaitable`'s result; a failure naming `what` it waited for if that took `HUNG` seconds."""
+    started = time.monotonic()
+    try:
+        return await asyncio.wait_for(awaitable, HUNG)
+    except TimeoutError:
+        raise AssertionError(f"waited {time.monotonic() - started:.0f} s for {what}") from None
+
+
+async def waiting_for_company(store: AsyncSessionStore) -> None:
+    """Let the tasks just made run, then wait until the writer waits for more commits (its
+    max-wait timer running)."""
+
+    async def gathering() -> None:
+        await asyncio.sleep(0)
+        while store._gathering is None:
+            await asyncio.sleep(0.001)
+
+    await within(gathering(), "the writer to wait for company")
 
 
 class Counting:
@@ -131,11 +156,13 @@ class Counting:
         await self.inner.close()
 
 
-async def counted(path: Path, **options: Any) -> tuple[AsyncSessionStore, Counting]:
+async def counted(
+    path: Path, ops: FileOps = DEFAULT_OPS, **options: Any
+) -> tuple[AsyncSessionStore, Counting]:
     header = sessionlog.encode_header(
         cwd="/workspace", provider="openrouter", model="test/model", environment_identity="t"
     )
-    backend = Counting(await open_jsonl_async(path, create=header))
+    backend = Counting(await open_jsonl_async(path, create=header, ops=ops))
     return await AsyncSessionStore.open_backend(backend, path, ASYNC_INFO, **options), backend
 
 
@@ -517,40 +544,57 @@ def test_max_batch_bytes_is_respected_and_a_big_commit_goes_alone(tmp_path: Path
 
 
 def test_max_wait_gathers_spaced_commits_and_a_full_batch_does_not_wait(tmp_path: Path) -> None:
-    async def spaced(store: AsyncSessionStore, count: int, gap: float) -> float:
-        started = time.perf_counter()
-
-        async def one(index: int) -> None:
-            await asyncio.sleep(index * gap)
-            await store.commit(user(index))
-
-        await asyncio.gather(*(one(index) for index in range(count)))
-        return time.perf_counter() - started
-
+    # An hour-long timer: only the behaviour under test (a full batch, a second commit, close)
+    # can end the writer's wait before `within`'s hang detector gives up.
     async def main() -> None:
-        waiting, backend = await counted(tmp_path / "a.jsonl", max_wait_us=400_000, max_batch_commits=5)
-        elapsed = await spaced(waiting, 5, 0.005)
+        waiting, backend = await counted(tmp_path / "a.jsonl", max_wait_us=AN_HOUR_US, max_batch_commits=5)
+        commits = []
+        for index in range(5):  # each arrives while the writer waits; the fifth fills the batch
+            commits.append(asyncio.create_task(waiting.commit(user(index))))
+            if index < 4:
+                await waiting_for_company(waiting)
+        await within(asyncio.gather(*commits), "a full batch to be written before its timer")
         assert [len(batch) for batch in backend.batches] == [5]
-        assert elapsed < 0.3  # the full batch released the writer before the 400 ms timer
         await waiting.close()
 
-        alone, backend = await counted(tmp_path / "b.jsonl", max_wait_us=30_000)
-        started = time.perf_counter()
-        await alone.commit(user(0))
-        assert time.perf_counter() - started >= 0.025  # a lone commit waits for company
+        alone, backend = await counted(tmp_path / "b.jsonl", max_wait_us=AN_HOUR_US, max_batch_commits=2)
+        first = asyncio.create_task(alone.commit(user(0)))
+        await waiting_for_company(alone)
+        assert not first.done() and backend.batches == []  # a lone commit waits for company
+        second = asyncio.create_task(alone.commit(user(1)))
+        await within(asyncio.gather(first, second), "the company to fill the batch")
+        assert [len(batch) for batch in backend.batches] == [2]
         await alone.close()
 
-        closing, backend = await counted(tmp_path / "d.jsonl", max_wait_us=5_000_000)
-        started = time.perf_counter()
-        pending = asyncio.create_task(closing.commit(user(0)))
-        await asyncio.sleep(0.01)
-        await closing.close()  # does not sit out the 5 s wait
-        assert (await pending)[0]["seq"] == 1
-        assert time.perf_counter() - started < 1
+        timed, backend = await counted(tmp_path / "e.jsonl", max_wait_us=30_000)
+        await within(timed.commit(user(0)), "the max-wait timer to write a lone commit")
+        assert [len(batch) for batch in backend.batches] == [1]
+        await timed.close()
 
-        eager, backend = await counted(tmp_path / "c.jsonl")  # default: no wait
-        await spaced(eager, 5, 0.02)
-        assert len(backend.batches) >= 3
+        closing, backend = await counted(tmp_path / "d.jsonl", max_wait_us=AN_HOUR_US)
+        pending = asyncio.create_task(closing.commit(user(0)))
+        await waiting_for_company(closing)
+        await within(closing.close(), "close to write the commit kept for company")  # not the hour
+        assert (await pending)[0]["seq"] == 1
+
+        # The default writes at once: a lone commit reaches the write with nothing else queued,
+        # and what arrives during that write goes in the next batch.
+        ops = Ops()
+        eager, backend = await counted(tmp_path / "c.jsonl", ops=ops)
+
+        async def straight_to_the_write() -> None:
+            while not ops.entered.is_set():
+                assert eager._gathering is None, "the default writer waited for company"
+                await asyncio.sleep(0.001)
+
+        ops.hold()
+        first = asyncio.create_task(eager.commit(user(0)))
+        await within(straight_to_the_write(), "a lone commit's write")
+        later = [asyncio.create_task(eager.commit(user(index))) for index in (1, 2)]
+        await asyncio.sleep(0)
+        ops.release()
+        await within(asyncio.gather(first, *later), "the eager writer's two batches")
+        assert [len(batch) for batch in backend.batches] == [1, 2]
         await eager.close()
 
     run(main)
