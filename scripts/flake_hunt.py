@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -54,7 +55,7 @@ def run_once(name: str, argv: list[str], logs: Path) -> tuple[bool, float, list[
                SESSIONLOG_REQUIRE_CONTRACT="1", SESSIONLOG_REQUIRE_SITE="1")  # fmt: skip
     log = logs / f"{name}.log"
     started = time.monotonic()
-    print(f"--> {name}: {' '.join(argv)} (log: {log})", flush=True)
+    print(f"--> {name}: {shlex.join(argv)} (log: {log})", flush=True)
     with open(log, "wb") as out:
         status = subprocess.run(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
     took = time.monotonic() - started
