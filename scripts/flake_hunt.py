@@ -56,8 +56,20 @@ def run_once(name: str, argv: list[str], logs: Path) -> tuple[bool, float, list[
     log = logs / f"{name}.log"
     started = time.monotonic()
     print(f"--> {name}: {shlex.join(argv)} (log: {log})", flush=True)
-    with open(log, "wb") as out:
-        status = subprocess.run(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+    with open(log, "wb") as out:  # its own process group: a hunt stopped midway stops it whole
+        run = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            status = run.wait()
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGTERM)  # pytest and its workers (a daemonised PostgreSQL stays)
+                try:
+                    run.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(run.pid, signal.SIGKILL)
+                    run.wait()
     took = time.monotonic() - started
     text = log.read_text(errors="replace")
     lines = [line for line in text.splitlines() if re.search(r"\d+ (passed|failed)", line)]
@@ -85,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         runs = [(f"default-{i + 1}", pytest) for i in range(args.default)]
         runs += [(f"long-{i + 1}", [*pytest, "-m", "long"]) for i in range(args.long)]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `kill` stops the hogs too (finally)
     hogs = [] if args.no_hogs else start_hogs(args.hog_minutes, Path(tempfile.gettempdir()))
     results = []
     try:
