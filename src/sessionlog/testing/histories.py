@@ -98,6 +98,40 @@ def read_histories(directory: Path) -> list[dict[str, Any]]:
     return records
 
 
+class AcknowledgedCount:
+    """The commits acknowledged in the workers' history files (`w*.jsonl`), counted on from where
+    the last count stopped, up to the last whole line: a harness asks while its workers write."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.count = 0
+        self.read: dict[Path, int] = {}  # bytes counted of each file
+        self.pending: dict[Path, set[int]] = {}  # commits invoked and not yet told, by file
+
+    def reach(self, needed: int) -> bool:
+        """Whether the histories hold `needed` acknowledged commits (read only until they do)."""
+        for path in sorted(self.directory.glob("w*.jsonl")):
+            pending = self.pending.setdefault(path, set())
+            with open(path, "rb") as file:
+                file.seek(self.read.get(path, 0))
+                for line in file:
+                    if self.count >= needed or not line.endswith(b"\n"):
+                        break  # a line being written (or torn by a kill) is read again next time
+                    self.read[path] = self.read.get(path, 0) + len(line)
+                    try:
+                        record = orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        continue
+                    if record.get("type") == "invoke":
+                        if record.get("op") == "commit":
+                            pending.add(record.get("i"))
+                    elif record.get("i") in pending:
+                        pending.discard(record.get("i"))
+                        if record.get("type") == "ok":
+                            self.count += 1
+        return self.count >= needed
+
+
 def token(process: str, hold: int, number: int) -> str:
     return f"{process}:{hold}:{number}"
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import SessionLogError
-from .histories import CheckReport, Recorder, check, read_histories, token
+from .histories import AcknowledgedCount, CheckReport, Recorder, check, read_histories, token
 
 FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 FAULTS = ("kill", "stop", "clock", "terminate", "restart")
@@ -330,40 +330,6 @@ def _spawn(
         return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=errors)
 
 
-class _Acknowledged:
-    """The commits acknowledged in the workers' histories (`histories.Recorder` files), counted
-    on from where the last count stopped, up to the last whole line."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.count = 0
-        self.read: dict[Path, int] = {}  # bytes counted of each file
-        self.pending: dict[Path, set[int]] = {}  # commits invoked and not yet told, by file
-
-    def reach(self, needed: int) -> bool:
-        """Whether the histories hold `needed` acknowledged commits (read only until they do)."""
-        for path in sorted(self.directory.glob("w*.jsonl")):
-            pending = self.pending.setdefault(path, set())
-            with open(path, "rb") as file:
-                file.seek(self.read.get(path, 0))
-                for line in file:
-                    if self.count >= needed or not line.endswith(b"\n"):
-                        break  # a line being written (or torn by a kill) is read again next time
-                    self.read[path] = self.read.get(path, 0) + len(line)
-                    try:
-                        record = json.loads(line)
-                    except ValueError:
-                        continue
-                    if record.get("type") == "invoke":
-                        if record.get("op") == "commit":
-                            pending.add(record.get("i"))
-                    elif record.get("i") in pending:
-                        pending.discard(record.get("i"))
-                        if record.get("type") == "ok":
-                            self.count += 1
-        return self.count >= needed
-
-
 ACKNOWLEDGED_BOUND = 300.0  # seconds past `seconds` a run may go on for `min_acknowledged`: a hang bound
 
 
@@ -413,7 +379,7 @@ def run_fault_harness(
     work = Path(work or tempfile.mkdtemp(prefix="sessionlog-nemesis-"))
     for name in ("histories", "pids", "clocks", "errors"):
         (work / name).mkdir(parents=True, exist_ok=True)
-    acknowledged = _Acknowledged(work / "histories")
+    acknowledged = AcknowledgedCount(work / "histories")
     if min_acknowledged > 0:
         (work / "more").touch()  # before the nemesis starts: it goes on while this is there
     started = time.monotonic()
