@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -46,6 +47,16 @@ def budgets(short: int, long: int, soak: int | None = None) -> list[Any]:
         pytest.param(short, id=f"short-{short}"),
         pytest.param(big, id=f"long-{big}", marks=pytest.mark.long),
     ]
+
+
+def wait_for(condition: Callable[[], Any], what: str, seconds: float = 120) -> None:
+    """Poll until `condition()` is true: tests wait for conditions, never for a time. `seconds`
+    only bounds a hang, however loaded the machine; the failure says what was waited for."""
+    started = time.monotonic()
+    while not condition():
+        took = time.monotonic() - started
+        assert took < seconds, f"waited {took:.0f} s for {what}"
+        time.sleep(0.05)
 
 
 needs_shared = pytest.mark.skipif(not FIXTURES.is_dir(), reason=ABSENT)

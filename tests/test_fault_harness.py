@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 import sessionlog
-from conftest import budgets, start_postgres
+from conftest import budgets, start_postgres, wait_for
 from sessionlog.testing.histories import check, operations, parse_token, read_histories
 from sessionlog.testing.nemesis import faketime_library, read_contents, run_fault_harness, summary
 from sessionlog.testing.postgres import PostgresServer
@@ -328,15 +328,6 @@ def _backoffs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, float]]:
     return delays
 
 
-def _wait_for(condition: Any, what: str, bound: float = 120) -> None:
-    """Until `condition()`; `bound` seconds only detect a hang."""
-    started = time.monotonic()
-    while not condition():
-        took = time.monotonic() - started
-        assert took < bound, f"waited {took:.0f} s for {what}"
-        time.sleep(0.05)
-
-
 def test_calls_go_on_promptly_once_a_server_that_was_down_a_while_is_back(
     own_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -356,7 +347,7 @@ def test_calls_go_on_promptly_once_a_server_that_was_down_a_while_is_back(
         own_server.kill()
         waiting = threading.Thread(target=_quietly, args=(repo.list,))
         waiting.start()  # a call while the server is down: the pool tries to connect, and backs off
-        _wait_for(
+        wait_for(
             lambda: len([delay for _, _, delay in backoffs if delay > 0]) >= 3,
             "the pool to back off three times from connecting to the server that is down (an attempt "
             "that gave up tries no more unless one is started afresh)",
@@ -423,7 +414,7 @@ def test_calls_go_on_beside_a_burst_of_terminated_connections(
             with contextlib.ExitStack() as lent:  # the pool's four connections, terminated while lent
                 connections = [lent.enter_context(repo.lent()) for _ in range(4)]
                 killer.execute(TERMINATE)
-                _wait_for(
+                wait_for(
                     lambda connections=connections: all(map(readable, connections)),
                     "the server to end the four terminated connections",
                 )

@@ -13,13 +13,12 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 import sessionlog
+from conftest import wait_for
 from sessionlog.core import facts as F
 from sessionlog.testing.postgres import PostgresServer, recovery_workers, terminate_backend
 
@@ -36,15 +35,6 @@ def sql(url: str, statement: str, *values: Any) -> list[tuple[Any, ...]]:
 
 def contents(repo: Any, session_id: str) -> list[Any]:
     return [message["content"] for message in repo.load(session_id).transcript]
-
-
-def wait_for(condition: Callable[[], Any], what: str, seconds: float = 60) -> None:
-    """Poll until `condition()` is true; `seconds` only bounds a hang, however loaded the machine."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waited {seconds:.0f} s for {what}")
-        time.sleep(0.1)
 
 
 def lease_ran_out(url: str, session_id: str) -> bool:
