@@ -7,12 +7,14 @@ SIGSTOP, another connection's row lock, `pg_terminate_backend`, a server restart
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -347,6 +349,35 @@ def test_a_sync_repository_goes_on_after_a_server_restart(postgres_server: Postg
         store.commit([F.user_message("after the restart")])
         assert contents(repo, session_id) == ["before the restart", "after the restart"]
         store.close()
+
+
+def test_a_restart_clears_the_children_a_killed_postmaster_left(postgres_server: PostgresServer) -> None:
+    """A child of a killed postmaster that outlives it (one forked while the kill went on; here a
+    stopped backend, which cannot see its postmaster die) holds the server's shared memory, and
+    every start is refused ("pre-existing shared memory block is still in use"): the restart
+    kills it and starts (the nemesis' restart gave up on one after 60 s in a CI run)."""
+    import psycopg
+
+    connection = psycopg.connect(postgres_server.url, autocommit=True)
+    backend = connection.execute("select pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+    os.kill(backend, signal.SIGSTOP)
+    os.kill(postgres_server.postmaster_pid(), signal.SIGKILL)
+    wait_for(lambda: not postgres_server.listening(), what="the killed postmaster to stop listening")
+    try:
+        postgres_server.restart(seconds=20)
+        assert not _live(backend)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(backend, signal.SIGKILL)  # (where the restart did not)
+    assert postgres_server.psql("select 1") == "(1,)"
+    connection.close()
+
+
+def _live(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 # -- every driver error typed, naming the operation and the session ---------------------------------

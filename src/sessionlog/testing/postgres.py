@@ -184,14 +184,9 @@ class PostgresServer:
 
     def kill(self) -> None:
         """SIGKILL the postmaster and every backend of it (a crash of the database host's server)."""
-        try:
-            pid = self.postmaster_pid()
-        except (OSError, ValueError, IndexError):
-            return  # not running (a start that failed removed its pid file)
-        children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
-        for child in [pid, *map(int, children.stdout.split())]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
+        with contextlib.suppress(OSError, ValueError, IndexError, ProcessLookupError):
+            os.kill(self.postmaster_pid(), signal.SIGKILL)
+        self._kill_leftovers()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             with (
@@ -201,6 +196,37 @@ class PostgresServer:
                 time.sleep(0.05)
                 continue
             break
+
+    def _leftovers(self) -> dict[int, str]:
+        """The live processes working in the data directory, each with its state, name and wait
+        channel: every child of a postmaster has it as its working directory. Listed after the
+        postmaster died, these are children of it that outlived it (a child forked while it was
+        killed escapes any list taken before), which keep a new server from starting ("pre-existing
+        shared memory block is still in use")."""
+        data = os.path.realpath(self.data)
+        found: dict[int, str] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if os.readlink(entry / "cwd") != data:
+                    continue
+                name, state = (entry / "stat").read_text().rsplit(")", 1)
+                wchan = (entry / "wchan").read_text()
+            except OSError:
+                continue  # gone meanwhile, or not ours to read
+            if state.split()[0] != "Z":
+                found[int(entry.name)] = f"{state.split()[0]} {name.split('(', 1)[1]} {wchan}"
+        return found
+
+    def _kill_leftovers(self, seconds: float = 30) -> None:
+        """SIGKILL the leftovers until none is left (the postmaster is dead: nothing forks more)."""
+        deadline = time.monotonic() + seconds
+        while (leftovers := self._leftovers()) and time.monotonic() < deadline:
+            for pid in leftovers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.01)
 
     def listening(self) -> bool:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
@@ -216,10 +242,15 @@ class PostgresServer:
                 self.start_postmaster()
                 return
             except (PostgresUnavailable, subprocess.TimeoutExpired) as error:
+                if not self._postmaster_alive():  # (one still recovering is waited for instead)
+                    self._kill_leftovers()
                 if time.monotonic() > deadline:
                     log = self.root / "log"
                     tail = log.read_text(errors="replace")[-800:] if log.exists() else ""
-                    message = f"the server did not start again: {error}; log: {tail}"
+                    message = (
+                        "the server did not start again (processes left in its data directory, pid: "
+                        f"state, name, wait channel: {self._leftovers()}): {error}; log: {tail}"
+                    )
                     raise PostgresUnavailable(message) from None
                 time.sleep(0.5)
 
