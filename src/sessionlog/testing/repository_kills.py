@@ -118,7 +118,8 @@ def run_repository_kills(
     """SIGKILL `kills` children committing to one session of the repository at `location`
     (through the async repository with `use_async`; `options` for `repository()`). `crash`, if
     given, crashes something else instead (a database server), brings it back, and returns the
-    location to check and go on with (None: the same)."""
+    location to check and go on with (None: the same); the child is SIGKILLed after it, whatever
+    it was doing (what it was acknowledged until then, before the crash or after it, is checked)."""
     report = RepositoryKillReport()
     rng = random.Random(f"repository-kills:{seed}")
     committed_before = 0
@@ -164,6 +165,10 @@ def run_repository_kills(
                 child.send_signal(signal.SIGKILL)
         else:
             location = crash(child) or location
+            # then the client dies too: one that waits for the server to come back (its pool
+            # waits 30 s for a connection) would otherwise decide how long each round takes
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGKILL)
         _read_lines(child.stdout.fileno(), out, None)  # the rest, to its end
         child.wait()
         child.stdout.close()
