@@ -267,6 +267,27 @@ def test_the_checker_names_each_other_violation() -> None:
     )  # fmt: skip
     assert any(v.startswith("two live writers") for v in check(went_on, {"S": [a1, b1, a2]}).violations)
     assert any(v.startswith("phantom") for v in check(base, {"S": [a1, a2, b1, "w9.0:1:1"]}).violations)
+    # Where the session is gone (deleted later), time alone must tell which hold came first. The
+    # hunt (PostgreSQL, lease 1 s, stop 1.5 s): a1 landed, its writer was stopped before it heard
+    # so, b took the session over; a1's acknowledgement came between b1's and b2's invocations
+    deleted = ("w2.0", "delete", "S", None, "ok", 20, 21)
+    overtaken = _synthetic(
+        ("w0.0", "commit", "S", a1, "ok", 1, 10), ("w1.0", "commit", "S", b1, "ok", 8, 9),
+        ("w1.0", "commit", "S", b2, "ok", 11, 12), deleted,
+    )  # fmt: skip
+    assert check(overtaken, {}).ok, check(overtaken, {}).violations
+    # a writer that went on after its commit had landed before the other's began is still named
+    went_on_gone = _synthetic(
+        ("w0.0", "commit", "S", a1, "ok", 1, 2), ("w1.0", "commit", "S", b1, "ok", 3, 4),
+        ("w0.0", "commit", "S", a2, "ok", 11, 12), deleted,
+    )  # fmt: skip
+    assert [v.split(":")[0] for v in check(went_on_gone, {}).violations] == ["two live writers"]
+    # and where either may have come first, late commits of both are proof, named once
+    both_late = _synthetic(
+        ("w0.0", "commit", "S", a1, "ok", 1, 10), ("w1.0", "commit", "S", b1, "ok", 3, 4),
+        ("w0.0", "commit", "S", a2, "ok", 11, 12), ("w1.0", "commit", "S", b2, "ok", 11, 13), deleted,
+    )  # fmt: skip
+    assert [v.split(":")[0] for v in check(both_late, {}).violations] == ["two live writers"]
     refused = _synthetic(("w0.0", "commit", "S", a1, "fail", 1, 2))
     assert [v.split(":")[0] for v in check(refused, {"S": [a1]}).violations] == ["refused but present"]
     assert check(refused, {"S": []}).ok
