@@ -187,8 +187,7 @@ class PostgresServer:
         postmaster: list[int] = []
         with contextlib.suppress(OSError, ValueError, IndexError):
             postmaster = [self.postmaster_pid()]
-        # all at once, as a crash does: a backend that outlived its postmaster by a few
-        # milliseconds ends its client's connection with a message instead of a reset
+        # all at once, as a crash does: the children are listed before the postmaster dies
         for pid in [*postmaster, *self._leftovers()]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
