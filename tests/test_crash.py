@@ -19,9 +19,10 @@ import pytest
 import sessionlog
 from conftest import FILE_BACKENDS, budgets
 from sessionlog.testing.agent_kills import run_agent_kills
-from sessionlog.testing.crash import Stream, run_kills, verify_log
+from sessionlog.testing.crash import run_kills
 from sessionlog.testing.operations import OPERATIONS, run_operation_kills
 from sessionlog.testing.repository_kills import run_repository_kills
+from sessionlog.testing.stream import Stream, verify_log
 
 KILLS = budgets(10, 200, 2_000)  # short: 10 kills a case in the default run (8 min bound); long: 200
 BACKENDS = FILE_BACKENDS

@@ -17,7 +17,7 @@ run checks:
 * a failed create leaves no temporary file behind (unless removing it was what failed);
 * after reopening (with the real operations) the log reduces, every acknowledged commit is
   there, the failing commit is wholly there or wholly absent, nothing else is, and a new
-  commit lands (`crash.verify_log` compares ids and content).
+  commit lands (`stream.verify_log` compares ids and content).
 
 `real_enospc` fills a real tiny filesystem (a 64 KiB tmpfs, when the process may mount one) and
 checks the same.
@@ -41,7 +41,7 @@ from ..backends.jsonl_file import FileOps
 from ..core.errors import SessionLockedError, StorePoisonedError
 from ..opening import backends, create, create_async, open, open_async, read_stored
 from ..plugins.registry import Registry
-from .crash import Stream, registry_for, verify_log
+from .stream import Stream, registry_for, verify_log
 
 __all__ = ["FAULTS", "FaultOps", "FaultReport", "real_enospc", "run_faults"]
 

@@ -32,8 +32,8 @@ from ..core.loading import load, reduce_bytes
 from ..core.snapshot import encode
 from ..opening import backends, create, create_async, open, open_async
 from ..plugins.registry import Registry
-from .crash import Stream, registry_for, verify_log
 from .disk_model import PAGE, CrashState, Op, Trace, TraceOps, crash_states
+from .stream import Stream, registry_for, verify_log
 
 __all__ = [
     "PAGE",
