@@ -180,3 +180,20 @@ def test_no_command_prints_a_traceback_on_hostile_input(cli: Any, tmp_path: Path
             if run.code:
                 assert run.err.strip(), f"{where} failed without a word"
     assert ran >= (2 if name == "backends" else 10)
+
+
+def test_python_dash_m_sessionlog_is_the_command(tmp_path: Path) -> None:
+    """Where the `sessionlog` script is not on PATH (a venv not activated), `python -m sessionlog`
+    is the same command: found by a helper running the bench as a new user would ('No module
+    named sessionlog.__main__')."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "sessionlog", "verify", str(tmp_path / "missing.jsonl")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "missing.jsonl" in done.stderr and "Traceback" not in done.stderr
+    shown = subprocess.run([sys.executable, "-m", "sessionlog", "--help"], capture_output=True, text=True)
+    assert shown.returncode == 0 and "usage: sessionlog" in shown.stdout, shown.stdout[:300]
