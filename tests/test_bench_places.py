@@ -145,3 +145,24 @@ def test_a_scratch_database_that_cannot_be_dropped_is_named_not_a_traceback(
     scratch.__exit__(None, None, None)  # the server went away after the run
     err = capsys.readouterr().err
     assert f"{scratch.name} on db.example:5433/app is left" in err and "secret" not in err
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u:Sekr3t@[::1/app",  # an unclosed IPv6 host
+        "postgresql://u:Sekr3t@db.example:99999/app",  # a port out of range
+        "postgresql://u:Sekr3t@db.example:port/app",  # a port that is no number
+    ],
+)
+def test_a_malformed_postgres_url_is_a_usage_error_that_never_echoes_it(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Found trying --postgres as a careless user: each was a traceback (ValueError from urlsplit,
+    # or from `.port` while the error message was being made), exit 1
+    argv = ["--dir", str(tmp_path), "--postgres", url, "--backends", "postgresql-repository"]
+    code, out, err = _bench(capsys, *argv, "--shape", "e", "--tiny")
+    assert code == bench.EXIT_USAGE and "Traceback" not in err
+    assert err.startswith("sessionlog bench: error: --postgres: not a valid URL")
+    assert len(err.strip().splitlines()) == 1 and "Sekr3t" not in out + err
+    assert list(tmp_path.iterdir()) == []

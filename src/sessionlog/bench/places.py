@@ -9,8 +9,9 @@
   also on Ctrl-C and on failure
   (`DROP DATABASE ... WITH (FORCE)`: connections a failed row left open do not keep it alive).
   A database, not a schema: the repository keeps its tables in the schema `sessionlog`, which a
-  search path would not move. The role needs CREATEDB; without it the PostgreSQL rows are skipped
-  with the reason, and nothing is written into the URL's database.
+  search path would not move. The role needs CREATEDB; without it the run is a `PlaceError` (exit
+  2) before anything is measured, and nothing is written into the URL's database. A URL that
+  cannot be read is a `PlaceError` too, never echoed (it may hold a password).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 from types import TracebackType
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 PREFIX = "sessionlog_bench_"
 
@@ -54,7 +55,7 @@ def check_directory(path: str | None) -> str:
 
 def database_url(url: str, database: str) -> str:
     """`url` with its database replaced by `database` (user, password, host and options kept)."""
-    parts = urlsplit(url)
+    parts = _parts(url)
     if parts.scheme not in ("postgresql", "postgres"):
         raise PlaceError("--postgres: not a postgresql:// URL")
     return urlunsplit(parts._replace(path=f"/{database}"))
@@ -62,8 +63,21 @@ def database_url(url: str, database: str) -> str:
 
 def where(url: str) -> str:
     """`url` without its password: host, port and database, for messages."""
-    parts = urlsplit(url)
+    parts = _parts(url)
     return f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path or '/'}"
+
+
+def _parts(url: str) -> SplitResult:
+    """`url` split, its port read: what urlsplit cannot read (an unclosed IPv6 host, a port out
+    of range or no number) is PlaceError, without the URL (it may hold a password)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (read for its ValueError)
+    except ValueError:  # its text may quote the netloc, password and all
+        raise PlaceError(
+            "--postgres: not a valid URL (its host or port cannot be read; not shown: it may hold a password)"
+        ) from None
+    return parts
 
 
 class ScratchDatabase:
