@@ -115,3 +115,20 @@ def test_python_m_benchmarks_is_a_thin_entry_to_sessionlog_bench() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: sessionlog bench") and "exit status" in done.stdout
     assert sorted(path.name for path in (root / "benchmarks").glob("*.py")) == ["__init__.py", "__main__.py"]
+
+
+@pytest.mark.parametrize("option", ["--json", "--markdown", "--plot"])
+@pytest.mark.parametrize("case", ["in a missing folder", "a directory"])
+def test_an_output_file_that_cannot_be_written_is_a_usage_error_before_the_run(
+    option: str, case: str, tmp_path: Path, cli: Any
+) -> None:
+    # Found trying --json as a careless user: the whole run (minutes with --full), then a
+    # traceback (FileNotFoundError, IsADirectoryError) and exit 1, its figures lost
+    target = tmp_path / "no such folder" / "run.out" if case == "in a missing folder" else tmp_path
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    run = cli("bench", "--tiny", "--shape", "d", "--backends", "jsonl", "--dir", scratch, option, target)
+    assert run.code == sessionlog.bench.EXIT_USAGE and "Traceback" not in run.err
+    assert run.err.startswith(f"sessionlog bench: error: {option} {target}: ")
+    assert run.out == ""  # nothing was measured
+    assert list(scratch.iterdir()) == []

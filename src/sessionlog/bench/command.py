@@ -28,7 +28,7 @@ import sessionlog
 from . import runner
 from .measure import RowFailed
 from .peers import peers as all_peers
-from .places import PlaceError, ScratchDatabase, check_directory
+from .places import PlaceError, ScratchDatabase, check_directory, check_output
 from .report import advise, markdown, not_syncing, plot, text
 from .resume import readers
 
@@ -116,6 +116,9 @@ def main(argv: list[str] | None = None, *, registry: Registry | None = None) -> 
     mode = "full" if args.full else "tiny" if args.tiny else "quick"
     try:
         directory = check_directory(args.dir)
+        for option, path in (("--json", args.json), ("--markdown", args.markdown), ("--plot", args.plot)):
+            if path is not None:
+                check_output(option, path)
     except PlaceError as error:
         return _say(str(error), EXIT_USAGE)
     try:

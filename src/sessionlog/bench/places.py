@@ -3,6 +3,8 @@
 * `check_directory(path)`: a `--dir` that is missing, not a directory or not writable is
   `PlaceError` naming it and why (the command exits 2, no traceback); the run itself writes only
   into a scratch folder it makes under it (`shapes.Scratch`) and removes, also when interrupted.
+* `check_output(option, path)`: a `--json`, `--markdown` or `--plot` FILE that could not be
+  written is `PlaceError` too, before the run (not after minutes of it).
 * `ScratchDatabase(url)`: with `--postgres URL` every PostgreSQL row (the repository, the peers,
   shape e's listing; shape h's restart in a second one) runs in a database the
   bench creates on that server for the run (`sessionlog_bench_<random>`) and drops at the end,
@@ -51,6 +53,24 @@ def check_directory(path: str | None) -> str:
     except OSError as error:
         raise PlaceError(f"--dir {where}: cannot create a folder there: {error.strerror or error}") from None
     return where
+
+
+def check_output(option: str, path: str) -> None:
+    """A `--json`, `--markdown` or `--plot` FILE the run could not write at its end (a missing
+    folder, a directory, no permission) is `PlaceError` before anything is measured; the file
+    itself is not created here."""
+    target = Path(path)
+    try:
+        if target.is_dir():
+            raise PlaceError(f"{option} {path}: a directory, not a file")
+        folder = target.parent
+        if not folder.is_dir():
+            raise PlaceError(f"{option} {path}: no such folder {folder}")
+        writable = os.access(target, os.W_OK) if target.exists() else os.access(folder, os.W_OK | os.X_OK)
+    except OSError as error:  # a path through a regular file, a name too long
+        raise PlaceError(f"{option} {path}: {error.strerror or error}") from None
+    if not writable:
+        raise PlaceError(f"{option} {path}: not writable (read-only filesystem or no permission)")
 
 
 def database_url(url: str, database: str) -> str:
