@@ -132,3 +132,26 @@ def test_an_output_file_that_cannot_be_written_is_a_usage_error_before_the_run(
     assert run.err.startswith(f"sessionlog bench: error: {option} {target}: ")
     assert run.out == ""  # nothing was measured
     assert list(scratch.iterdir()) == []
+
+
+def test_a_plot_of_a_run_without_a_plotted_shape_is_a_usage_error_before_the_run(
+    tmp_path: Path, cli: Any
+) -> None:
+    # Found with `--plot F` on a run of no commit-rate shape: the run, then a traceback from
+    # matplotlib (no panel to draw: "Number of rows must be a positive integer, not 0"), exit 1,
+    # no plot
+    run = cli(
+        "bench",
+        "--tiny",
+        "--shape",
+        "d",
+        "--backends",
+        "jsonl",
+        "--dir",
+        tmp_path,
+        "--plot",
+        tmp_path / "p.png",
+    )
+    assert run.code == sessionlog.bench.EXIT_USAGE and "Traceback" not in run.err
+    assert "--plot: its panels are shapes a, b, c and f; this run has none of them" in run.err
+    assert run.out == "" and list(tmp_path.iterdir()) == []

@@ -29,7 +29,7 @@ from . import runner
 from .measure import RowFailed
 from .peers import peers as all_peers
 from .places import PlaceError, ScratchDatabase, check_directory, check_output
-from .report import advise, markdown, not_syncing, plot, text
+from .report import PLOTTED, advise, markdown, not_syncing, plot, text
 from .resume import readers
 
 if TYPE_CHECKING:
@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None, *, registry: Registry | None = None) -> 
         for option, path in (("--json", args.json), ("--markdown", args.markdown), ("--plot", args.plot)):
             if path is not None:
                 check_output(option, path)
+        if args.plot is not None and not set(only) & set(PLOTTED):
+            raise PlaceError("--plot: its panels are shapes a, b, c and f; this run has none of them")
     except PlaceError as error:
         return _say(str(error), EXIT_USAGE)
     try:

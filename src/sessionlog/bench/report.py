@@ -300,6 +300,9 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+PLOTTED = "abcf"  # the shapes `plot` draws a panel of (commit rates beside their ceilings)
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     """One panel per shape; bars grouped by durability class, each class's ceiling a dashed line
     over its own group."""
@@ -308,7 +311,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shapes = [shape for shape in _shapes(result["rows"]) if shape[0] in "abcf"]
+    shapes = [shape for shape in _shapes(result["rows"]) if shape[0] in PLOTTED]
     figure, axes = plt.subplots(len(shapes), 1, figsize=(11, 3.2 * len(shapes)), squeeze=False)
     colours = {"process": "#4c78a8", "power": "#f58518", "replicated": "#54a24b"}
     for axis, shape in zip(axes[:, 0], shapes, strict=True):
