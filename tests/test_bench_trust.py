@@ -171,3 +171,11 @@ def test_the_full_estimate_of_shape_c_scales_its_commits_and_its_opening_apart()
     expected = (12.0 * 10 + 18.0 * 5 / 3) * (1 + 1 / 4 + 4)
     assert trust.full_estimate(seconds, "quick", timed) == pytest.approx(expected)
     assert trust.full_estimate(seconds, "quick") == pytest.approx(30.0 * 10 * (1 + 1 / 4 + 4))
+
+
+def test_a_run_without_a_commit_rate_shape_says_why_it_recommends_nothing() -> None:
+    # `--shape d` (loads) gave an empty "Recommendation" heading: nothing said, not why
+    loads = [dict(_row("jsonl", 900, 850, 950), shape="d: load 1,000 facts", unit="loads/s")]
+    assert report.advise(_result(loads)) == [
+        "none: it compares the commit rates of shapes a, b, c and f, and this run has none of them"
+    ]

@@ -169,7 +169,10 @@ def flush_evidence(result: dict[str, Any]) -> tuple[list[str], list[str]]:
 
 
 def advise(result: dict[str, Any]) -> list[str]:
-    """`recommend` for a run: without the rows caught not syncing, marking unreliable figures."""
+    """`recommend` for a run: without the rows caught not syncing, marking unreliable figures
+    (and why there is none, when the run has no commit-rate shape: `--shape d`, say)."""
+    if not {row["shape"][0] for row in result["rows"]} & set(PLOTTED):
+        return ["none: it compares the commit rates of shapes a, b, c and f, and this run has none of them"]
     return recommend(result["rows"], caught(result), trust.unreliable_rows(result))
 
 
