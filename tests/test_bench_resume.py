@@ -152,3 +152,22 @@ def test_the_filling_makes_one_unfinished_session_in_ten_each_with_ids_of_its_ow
         restart.fill(kind, location, 30)
         with sessionlog.repository(location) as repo:
             assert len(repo.list(limit=None)) == 30 and len(repo.unfinished()) == 3
+
+
+@pytest.mark.parametrize("backend", ["jsonl", "jsonl-async"])
+def test_shape_g_resumes_a_session_as_its_writers_close_leaves_it_and_leaves_no_other_file(
+    backend: str, tmp_path: Path
+) -> None:
+    # Its rounds timed the first resume (a full reduction, the snapshot written at its close)
+    # among the later ones (from that snapshot), and the source's snapshot stayed in the scratch
+    from sessionlog.backends.jsonl_file import snapshot_path
+    from sessionlog.core.snapshot import MIN_LINES
+
+    data = resume.session_bytes(tmp_path, [{"content": f"message {n}"} for n in range(MIN_LINES)])
+    assert list(tmp_path.iterdir()) == []  # the source session and its snapshot are gone
+    read, close = resume.sessionlog_build(backend)(tmp_path, data)
+    try:
+        assert snapshot_path(tmp_path / f"{backend}.session").exists()  # read once, untimed
+        assert read() == MIN_LINES
+    finally:
+        close()
