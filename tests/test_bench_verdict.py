@@ -169,3 +169,5 @@ def test_the_exit_codes_are_distinct_from_the_clis_and_documented(cli: Any) -> N
     docs = (Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md").read_text()
     for code in ("`0`", "`2`", "`5`", "`6`", "`130`"):
         assert code in docs, code
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "exits 0 finished, 2 usage, 5 a row caught not syncing, 6 a row failed, 130 interrupted" in readme

@@ -6,7 +6,9 @@ session, a session in use and a blocked recovery):
 * 0: the run finished; every verdict it could reach was that the rows synced as their class
   promises (a row above its ceiling is reported, never an exit on its own);
 * 2: usage: a bad argument, an unknown backend or shape, a `--dir` that is missing, not a
-  directory or not writable, a `--postgres` on which no scratch database can be made;
+  directory or not writable, a `--postgres` URL that cannot be read (never shown) or on which no
+  scratch database can be made, a `--json`, `--markdown` or `--plot` FILE that cannot be
+  written, a `--plot` of a run without shapes a, b, c or f; all before the run;
 * 5: a row was caught not syncing: a power-class row with one committer made fewer device
   flushes than half its commits (`report.flush_evidence`); the rows are named;
 * 6: a row failed (it raised): the row and the error are named, the run stops;
@@ -40,10 +42,12 @@ PROG = "sessionlog bench"
 EPILOG = (
     "exit status (distinct from the other sessionlog commands'): 0 the run finished and no row was "
     "caught not syncing; 2 usage (a bad argument, a missing, non-directory or read-only --dir, a "
-    "--postgres where no scratch database can be made); 5 a row was caught not syncing (a "
-    "power-class row with one committer made fewer device flushes than half its commits; named); "
-    "6 a row failed (named, with its error); 130 interrupted. Scratch files and the scratch "
-    "database are removed in every case."
+    "--postgres URL that cannot be read or where no scratch database can be made, a --json, "
+    "--markdown or --plot FILE that cannot be written, a --plot of a run without shapes a, b, c "
+    "or f; all before the run); 5 a row was caught not syncing (a power-class row with one "
+    "committer made fewer device flushes than half its commits; named); 6 a row failed (named, "
+    "with its error); 130 interrupted. Scratch files and the scratch database are removed in "
+    "every case."
 )
 
 
