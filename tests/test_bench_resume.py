@@ -46,6 +46,7 @@ def test_resume_and_restart_run_beside_the_installed_peers_and_the_report_shows_
         else:
             assert name in skipped and f"peer: {name}" not in resumed
     assert {"jsonl", "sqlite"} <= set(resumed)  # sessionlog's rows when --backends names none
+    assert resume.NO_SNAPSHOT in resumed  # beside jsonl: what its snapshot saves
     for name, row in resumed.items():
         assert row["operations"] == 100  # one round, every message given back
         assert row["unit"] == "messages/s" and row["per_s"] > 0
@@ -77,7 +78,7 @@ def test_backends_named_are_the_resumed_ones_and_a_failing_peer_is_skipped(tmp_p
     result = bench_run(
         str(tmp_path), ["jsonl-fsync"], None, "tiny", progress=False, only="g", readers=readers
     )
-    assert {row["name"] for row in result["rows"]} == {"jsonl-fsync"}
+    assert {row["name"] for row in result["rows"]} == {"jsonl-fsync"}  # no jsonl: no no-snapshot row
     assert result["skipped"] == [
         {"name": "a peer that is not installed", "reason": "ImportError: No module named 'nowhere'"}
     ]

@@ -17,7 +17,9 @@ N events. A round of a row is one
 resume, from opening to the list in hand; a row's figure is messages a second (N over the
 resume's time), its p50 the resume's time. Every read is checked to give back all N messages
 (a row that gives fewer fails: a wrong layout must not look fast), and each row is set beside
-sessionlog's first row (`jsonl` when it runs) measured in the same rounds.
+sessionlog's first row (`jsonl` when it runs) measured in the same rounds. Beside `jsonl`, the
+same file without its snapshot (every line reduced: a session's first resume after a crash)
+shows what the snapshot saves.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from .shapes import HEADER
 
 SQLITE_BACKENDS = frozenset(info.name for info in INFOS.values())
 CONTENT = "m" * 515  # with its index: {"role": "user", "content": ...} is 550 bytes of JSON
+NO_SNAPSHOT = "jsonl without its snapshot: every line reduced"
 Read = Callable[[], int]  # one resume; how many messages it gave back
 Built = tuple[Read, Callable[[], Any]]  # (read, close)
 
@@ -150,6 +153,19 @@ def sessionlog_build(backend: str, registry: Any = None) -> Callable[[Path, byte
         return lambda: runner.run(resume()), runner.close
 
     return build
+
+
+def no_snapshot_build(folder: Path, data: bytes) -> Built:
+    """The `jsonl` session without its snapshot (a writer killed before its close leaves none):
+    a read is the file read whole and every line reduced (`reduce_bytes`), the load a backend
+    without the snapshot seam (or a session's first resume after a crash) pays."""
+    path = folder / "no-snapshot.jsonl"
+    path.write_bytes(data)
+
+    def read() -> int:
+        return len(list(sessionlog.reduce_bytes(path.read_bytes(), path=path).active_context))
+
+    return read, lambda: None
 
 
 def _openai_agents(folder: Path, items: list[dict[str, Any]]) -> Built:
@@ -261,6 +277,8 @@ def resume_rows(
     built: list[tuple[str, str, Built]] = [
         (name, "backend", sessionlog_build(name, registry)(folder, data)) for name in backends
     ]
+    if "jsonl" in backends:
+        built.insert(1, (NO_SNAPSHOT, "backend", no_snapshot_build(folder, data)))
     built += [(f"peer: {reader.name}", "peer", reader.build(folder, items)) for reader in usable]
     reference = built[0][0] if built else None
     jobs: dict[str, tuple[Job, dict[str, Any]]] = {}
