@@ -97,6 +97,72 @@ def test_not_syncing_is_decided_by_the_device_flushes_never_by_timing_alone() ->
     assert report.not_syncing({**result, "rows": unseen}) == []
 
 
+def test_with_many_committers_a_flush_covers_at_most_one_commit_of_each() -> None:
+    """Shapes b and c (recorded figures of a quick run here): each committer waits for its commit's
+    sync before its next, so one flush makes at most one commit of each durable; a power row
+    with fewer flushes than half its commits over its committers did not sync. A PostgreSQL row
+    is not judged (its server's disk need not be the one under --dir), nor a process-class row."""
+    b, c = "b: 1 session, 64 committers", "c: 64 sessions, one writer each"
+
+    def row(shape: str, name: str, flushes: int, operations: int, **more: Any) -> dict[str, Any]:
+        kind = "repository" if "repository" in name else "backend"
+        return {
+            "shape": shape,
+            "name": name,
+            "kind": kind,
+            "durability": "power",
+            "flushes": flushes,
+            "operations": operations,
+            **more,
+        }
+
+    ceiling = {"kind": "ceiling", "name": "64 threads: write+fdatasync", "flushes": 1267, "operations": 1920}
+    rows = [
+        {**ceiling, "shape": b},
+        row(b, "jsonl-group", 30, 1920),  # 64 commits a flush: the most one flush can hold
+        row(b, "b liar", 14, 1920),  # fewer than half of 1920 / 64
+        {**ceiling, "shape": c, "operations": 960, "flushes": 692},
+        row(c, "jsonl-syncfs", 65, 960),  # one syncfs a flush for many sessions: 14.8 commits a flush
+        row(c, "c liar", 7, 960),
+        row(c, "postgresql repository, async (power)", 0, 960),  # its server's disk: not judged
+        row(c, "jsonl", 0, 2880, durability="process"),
+    ]
+    result = {"mode": "quick", "rows": rows, "flush_device": "vda", "flushes": "counted on /dev/vda"}
+    assert [line.split(" (")[0] for line in report.not_syncing(result)] == ["b liar", "c liar"]
+    shown = report.checks({**result, "seconds": 1.0})
+    assert (
+        "jsonl-group, b: 1 session, 64 committers: 30 flushes for 1920 commits (64 a flush, 64 at most)"
+        in shown
+    )
+    assert not any("postgresql" in line for line in shown)
+    blind = [{**rows[0], "flushes": 10}, *rows[1:3]]  # the ceiling's syncs made too few flushes it saw
+    assert report.not_syncing({**result, "rows": blind}) == []
+
+
+def test_a_run_without_a_power_row_to_judge_claims_no_flushes() -> None:
+    rows = [
+        {
+            "shape": "d: load 200 facts",
+            "name": "reduce",
+            "kind": "backend",
+            "durability": "-",
+            "flushes": 0,
+            "operations": 200,
+        }
+    ]
+    shown = report.checks(
+        {
+            "mode": "quick",
+            "seconds": 1.0,
+            "rows": rows,
+            "flush_device": "vda",
+            "flushes": "flushes counted on /dev/vda",
+        }
+    )
+    assert not any("every power-class row" in line for line in shown)
+    assert "no power-class row to judge by its flushes in this run (shapes a, b, c and f have them)" in shown
+
+
 def test_unknown_backends_are_a_usage_error(cli: Any) -> None:
     run = cli("bench", "--backends", "jsonl,nope")
     assert run.code == 2 and "nope" in run.err and "sqlite-repository" in run.err

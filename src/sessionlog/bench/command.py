@@ -9,8 +9,8 @@ session, a session in use and a blocked recovery):
   directory or not writable, a `--postgres` URL that cannot be read (never shown) or on which no
   scratch database can be made, a `--json`, `--markdown` or `--plot` FILE that cannot be
   written, a `--plot` of a run without shapes a, b, c or f; all before the run;
-* 5: a row was caught not syncing: a power-class row with one committer made fewer device
-  flushes than half its commits (`report.flush_evidence`); the rows are named;
+* 5: a row was caught not syncing: a power-class row made fewer device flushes than half its
+  commits over its committers (`report.flush_evidence`); the rows are named;
 * 6: a row failed (it raised): the row and the error are named, the run stops;
 * 130: interrupted (Ctrl-C).
 
@@ -44,8 +44,8 @@ EPILOG = (
     "caught not syncing; 2 usage (a bad argument, a missing, non-directory or read-only --dir, a "
     "--postgres URL that cannot be read or where no scratch database can be made, a --json, "
     "--markdown or --plot FILE that cannot be written, a --plot of a run without shapes a, b, c "
-    "or f; all before the run); 5 a row was caught not syncing (a power-class row with one "
-    "committer made fewer device flushes than half its commits; named); 6 a row failed (named, "
+    "or f; all before the run); 5 a row was caught not syncing (a power-class row made fewer "
+    "device flushes than half its commits over its committers; named); 6 a row failed (named, "
     "with its error); 130 interrupted. Scratch files and the scratch database are removed in "
     "every case."
 )

@@ -3,6 +3,7 @@ recommendation computed from the rows, the same as Markdown, and the plot."""
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Collection
 from pathlib import Path
@@ -127,10 +128,26 @@ def recommend(
 
 
 def _power_one_committer(row: dict[str, Any]) -> bool:
+    return _judged(row) and committers(row["shape"]) == 1
+
+
+def committers(shape: str) -> int | None:
+    """The committers of a commit-rate shape, each waiting for its commit's sync before its
+    next one (so one flush makes at most one commit of each durable); None for other shapes."""
+    if shape[:2] in ("a:", "f:"):
+        return 1
+    found = re.match(r"b: 1 session, ([\d,]+) committers|c: ([\d,]+) sessions", shape)
+    return int((found.group(1) or found.group(2)).replace(",", "")) if found else None
+
+
+def _judged(row: dict[str, Any]) -> bool:
+    """A row whose syncs the flush counter sees: sessionlog's, of a class that syncs, keeping its
+    data under --dir (not PostgreSQL's, whose server's disk need not be that one)."""
     return (
-        row["shape"][:2] in ("a:", "f:")
+        committers(row["shape"]) is not None
         and row["kind"] in ("backend", "repository")
         and row.get("durability") in ("power", "replicated")
+        and not row["name"].startswith("postgresql")
     )
 
 
@@ -140,26 +157,28 @@ def _evidence(result: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
         return [], [result.get("flushes", "flushes not counted")]
     unsynced, missing = [], []
     for shape, members in _shapes(result["rows"]).items():
-        if shape[:2] not in ("a:", "f:"):
+        most = committers(shape)
+        if most is None or not any(_judged(row) for row in members):
             continue
-        ceiling = next((row for row in members if row["name"] == "write+fdatasync"), None)
-        if ceiling is None or ceiling.get("flushes", 0) < ceiling.get("operations", 1) / 2:
+        ceiling = next((row for row in members if row["name"].endswith("write+fdatasync")), None)
+        if ceiling is None or ceiling.get("flushes", 0) < ceiling.get("operations", 1) / most / 2:
             missing.append(f"{shape}: the write+fdatasync ceiling made no flushes the counter saw")
             continue
         unsynced += [
             row
             for row in members
-            if _power_one_committer(row) and "flushes" in row and row["flushes"] < row["operations"] / 2
+            if _judged(row) and "flushes" in row and row["flushes"] < row["operations"] / most / 2
         ]
     return unsynced, missing
 
 
 def flush_evidence(result: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """(rows that did not sync, why the evidence is missing). A power-class row with one
-    committer must wait for a sync at each commit, so the device under --dir flushes at least
-    about once a commit; a row with fewer than half as many flushes as commits did not sync.
-    Asked only when the counter exists and the shape's `write+fdatasync` ceiling showed it works
-    (its own flushes at least half its commits). Timing alone never accuses a row."""
+    """(rows that did not sync, why the evidence is missing). A power-class row's committers
+    each wait for a sync at each commit, so the device under --dir flushes at least once per
+    commit of each committer (once a commit with one committer; with N, one flush makes at most
+    N commits durable): a row with fewer than half that many flushes did not sync. Asked only
+    when the counter exists and the shape's `write+fdatasync` ceiling showed it works (its own
+    flushes at least half that bound). Timing alone never accuses a row."""
     unsynced, missing = _evidence(result)
     return [
         f"{row['name']} ({row['flushes']} flushes of /dev/{result['flush_device']} for "
@@ -240,15 +259,24 @@ def checks(result: dict[str, Any]) -> list[str]:
         )
     unsynced, missing = flush_evidence(result)
     lines.append(result.get("flushes", "flushes not counted"))
-    for row in result["rows"]:
-        if _power_one_committer(row) and "flushes" in row:
-            lines.append(
-                f"{row['name']}, {row['shape']}: {row['flushes']} flushes for {row['operations']} commits"
-            )
+    judged = [row for row in result["rows"] if _judged(row) and "flushes" in row]
+    for row in judged:
+        line = f"{row['name']}, {row['shape']}: {row['flushes']} flushes for {row['operations']} commits"
+        most = committers(row["shape"]) or 1
+        if most > 1:
+            line += f" ({row['operations'] / max(row['flushes'], 1):,.0f} a flush, {most} at most)"
+        lines.append(line)
     if unsynced:
-        lines.append(f"NOT SYNCING (fewer flushes than half their commits): {', '.join(unsynced)}")
+        lines.append(
+            "NOT SYNCING (fewer flushes than half their commits over their committers): "
+            + ", ".join(unsynced)
+        )
+    elif not judged:
+        lines.append(
+            "no power-class row to judge by its flushes in this run (shapes a, b, c and f have them)"
+        )
     elif not missing:
-        lines.append("every power-class row with one committer made at least one flush per two commits")
+        lines.append("every power-class row made at least half the flushes its commits need")
     for reason in missing:
         lines.append(f"no verdict on syncing: {reason} (timing alone proves nothing)")
     for line in above_ceiling(result):
