@@ -96,8 +96,13 @@ def test_a_moved_ceiling_makes_its_rows_unreliable_and_a_busy_machine_every_figu
     )
     assert trust.unreliable_rows(_result(moved)) == {(SHAPE, "jsonl-fsync")}
     assert report.advise(_result(moved))[0].endswith("(unreliable in this run: see above)")
-    busy = trust.unreliable(_result(steady, {"cpus": 2, "start": 0.2, "end": 5.5}))
-    assert busy and busy[0].startswith("every figure: the machine's load was 5.5 on 2 CPUs")
+    # The load at the end counts the run's own threads: only other work's CPU makes a run busy
+    idle = trust.unreliable(_result(steady, {"cpus": 2, "start": 0.2, "end": 5.5, "others": 0.04}))
+    assert idle == []
+    busy = trust.unreliable(_result(steady, {"cpus": 2, "start": 0.2, "end": 5.5, "others": 0.5}))
+    assert busy and busy[0].startswith("every figure: other work took 50% of the 2 CPUs during the run")
+    unread = trust.unreliable(_result(steady, {"cpus": 2, "start": 3.5, "end": 0.2, "others": None}))
+    assert unread and unread[0].startswith("every figure: the machine's load was 3.5 on 2 CPUs at the start")
     spread_out = [steady[0], _row("jsonl-fsync", 100, 40, 300)]
     assert trust.unreliable(_result(spread_out)) == [
         f"{SHAPE}: unreliable rows: jsonl-fsync (its rounds spread 260%: 40-300/s)"
@@ -115,7 +120,10 @@ def test_the_printed_checks_say_what_was_measured_again_and_what_is_unreliable()
         lines[0]
         == "the quick run took 100 s (bound: 120 s); --full would take about 15 min (from this run's shapes)"
     )
-    assert "the machine's load (1 min): 0.10 at the start, 0.40 at the end, on 2 CPUs" in lines
+    assert (
+        "the machine's load (1 min): 0.10 at the start, 0.40 at the end (this run's own threads count "
+        "in it), on 2 CPUs; other work's CPU not readable here"
+    ) in lines
     assert f"{SHAPE}: measured twice, its ceiling moved by over 50% between rounds" in lines
     assert any(line.startswith("unreliable in this run: ") for line in lines)
     some = report.checks({**result, "shapes": "a", "full_estimate_s": None})

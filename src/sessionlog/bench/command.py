@@ -177,16 +177,17 @@ def _run_in_scratch(
             url = server.url
         except Exception as error:
             unavailable = f"no --postgres URL and no local server could be started: {error}"[:300]
+    ours = [server.postmaster_pid()] if server is not None else []  # its CPU is the run's
     try:
         if url is None or not _postgres_wanted(backends, only):
             result = runner.run(
-                directory, backends, None, mode, True, all_peers(None), only, registry, readers()
+                directory, backends, None, mode, True, all_peers(None), only, registry, readers(), ours
             )
         else:
             with ScratchDatabase(url) as scratch:
                 peers = all_peers(scratch)
                 result = runner.run(
-                    directory, backends, scratch, mode, True, peers, only, registry, readers()
+                    directory, backends, scratch, mode, True, peers, only, registry, readers(), ours
                 )
     finally:
         if server is not None:

@@ -238,9 +238,15 @@ def checks(result: dict[str, Any]) -> list[str]:
         lines.append(f"the {result['mode']} run took {result['seconds']:.0f} s")
     load = result.get("load") or {}
     if load.get("start") is not None:
+        others = load.get("others")
         lines.append(
             f"the machine's load (1 min): {load['start']:.2f} at the start, {load.get('end') or 0:.2f} "
-            f"at the end, on {load.get('cpus')} CPUs"
+            f"at the end (this run's own threads count in it), on {load.get('cpus')} CPUs; "
+            + (
+                "other work's CPU not readable here"
+                if others is None
+                else f"other work took {others:.0%} of them"
+            )
         )
     again = sorted({row["shape"] for row in result["rows"] if row.get("remeasured")})
     for shape in again:

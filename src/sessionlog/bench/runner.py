@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import sessionlog
 
-from . import restart, resume, shapes, trust
+from . import other_work, restart, resume, shapes, trust
 from .flushes import FlushCounter
 from .measure import Job, paired_ratio, steady
 from .places import ScratchDatabase
@@ -72,11 +72,14 @@ def run(
     only: str = SHAPES,
     registry: Registry | None = None,
     readers: Sequence[resume.Reader] = (),
+    ours: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Every shape of `only` (letters of SHAPES); `peers`: the other libraries (`peers.peers`; one
     that cannot open is listed as skipped with the reason, never estimated), `readers`: their read
     paths for shape g (`resume.readers`, skipped alike); `registry`: where the backends are
-    registered (None: the default registry, third-party plugins too). A row that raises stops the
+    registered (None: the default registry, third-party plugins too); `ours`: the pids of
+    processes the bench started for the run (a throwaway server), whose CPU is not other work's
+    (`other_work`). A row that raises stops the
     run (`RowFailed`); the scratch folder goes in every case."""
     plan = Plan(mode)
     unknown_shapes = set(only) - set(SHAPES)
@@ -105,6 +108,7 @@ def run(
     seconds: dict[str, float] = {}  # shape -> seconds it took (`trust.full_estimate`)
     timed: dict[str, float] = {}  # shape -> seconds of its rounds' timed part (measured twice: 2x)
     load = {"cpus": os.cpu_count(), "start": _load()}
+    before = other_work.processes()
 
     def say(message: str) -> None:
         if progress:
@@ -389,7 +393,7 @@ def run(
         "shape_seconds": seconds,
         "shape_timed_seconds": timed,
         "full_estimate_s": trust.full_estimate(seconds, mode, timed) if only == SHAPES else None,
-        "load": {**load, "end": _load()},
+        "load": {**load, "end": _load(), "others": _others(before, ours, time.monotonic() - started)},
         "shapes": only,
     }
 
@@ -401,6 +405,15 @@ def _locations(scratch: shapes.Scratch, postgres: str | None) -> dict[str, str]:
         "sqlite": f"sqlite:///{scratch.fresh() / 'sessions.db'}",
     }
     return found | ({"postgresql": postgres} if postgres else {})
+
+
+def _others(before: dict[int, Any] | None, ours: Sequence[int], seconds: float) -> float | None:
+    """The share of the machine's CPUs other work took during the run (`other_work`), None where
+    it cannot be read."""
+    after = other_work.processes()
+    if before is None or after is None or seconds <= 0:
+        return None
+    return round(other_work.others_cpu_seconds(before, after, ours) / (seconds * (os.cpu_count() or 1)), 3)
 
 
 def _load() -> float | None:

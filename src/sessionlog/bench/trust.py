@@ -1,12 +1,14 @@
 """Which figures of a run hold on a busy machine, and how long a `--full` run would take.
 
 * The machine's load (`os.getloadavg`, the 1-minute figure) is recorded at the start and the end
-  of the run, beside its CPU count.
+  of the run, beside its CPU count, and the share of the CPUs other work took during the run
+  (`other_work`: the load average counts the run's own threads too).
 * A shape whose ceiling moved between rounds by more than `MOVED` (its (max - min) / median) is
   measured once more (`runner.measure`), and the measurement whose ceilings moved least is kept.
 * `unreliable(result)` names the figures that still do not hold, and why: a row whose own rounds
-  spread by more than `MOVED`, a row whose ceiling did, every figure of a run whose load was
-  above the CPU count (other work had the cores).
+  spread by more than `MOVED`, a row whose ceiling did, every figure of a run in which other work
+  took more than `BUSY` of the CPUs (where that cannot be read: whose load at the start was above
+  the CPU count).
 * `full_estimate`: each shape's seconds in this run, scaled by what `--full` does more of.
 """
 
@@ -16,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 MOVED = 0.5  # a ceiling whose rounds spread by more than half its median moved
+BUSY = 0.25  # other work that took more than a quarter of the machine's CPUs during a run
 # Shape h at --full (10,000 sessions, 5 rounds) over its quick time (1,000 sessions, 3 rounds):
 # measured, not derived: 517 s over 13.8 s on 2 CPUs at load 5-7 (2026-12-02). Each open of a
 # directory's session lists the directory, so claiming 10x the sessions in a 10x larger
@@ -42,13 +45,12 @@ def unreliable(result: Mapping[str, Any]) -> list[str]:
     """The figures of this run that do not hold, each with why."""
     lines = []
     load = result.get("load") or {}
-    cpus = load.get("cpus") or 0
-    busy = [value for value in (load.get("start"), load.get("end")) if value is not None and value > cpus]
-    if cpus and busy:
-        lines.append(
-            f"every figure: the machine's load was {max(busy):.1f} on {cpus} CPUs (other work had the "
-            "cores; ratios to the ceilings measured in the same rounds hold better than rates)"
-        )
+    cpus, others, start = load.get("cpus") or 0, load.get("others"), load.get("start")
+    hold = "ratios to the ceilings measured in the same rounds hold better than rates"
+    if others is not None and others > BUSY:
+        lines.append(f"every figure: other work took {others:.0%} of the {cpus} CPUs during the run ({hold})")
+    elif others is None and cpus and start is not None and start > cpus:
+        lines.append(f"every figure: the machine's load was {start:.1f} on {cpus} CPUs at the start ({hold})")
     ceilings = {(row["shape"], row["name"]): row for row in result["rows"] if row["kind"] == "ceiling"}
     shapes: dict[str, tuple[list[str], list[str]]] = {}  # shape -> (its moved ceilings, its rows)
     for row in result["rows"]:

@@ -1,0 +1,72 @@
+"""How much CPU other work on the machine took during a run: the figure `trust.unreliable`
+judges a busy machine by. The load average cannot: it counts the run's own threads (shape b's 64
+committers, a throwaway server's backends) as if they were someone else's, so an idle 2-CPU
+machine showed a load of 2.8 at the end of a quick run.
+
+Linux only (`/proc/PID/stat`; elsewhere the figure is None and the run says so). The processes
+are read at the start and at the end of the run. A process is the run's own when it is this
+process, a process among `ours` (a server the bench started) or a descendant of one; a kernel
+thread is nobody's. Every other process alive at the end counts its CPU time since the start
+(the whole of it when it started during the run), with the CPU time of the children it reaped
+(a test suite's workers, a shell's commands). Work that started and ended within the run and
+whose parent ended too is missed: the figure errs towards "the machine was idle"; the spread of
+each row's rounds (`trust.unreliable`) still catches what it did to the figures.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+KERNEL_THREADS = 2  # kthreadd: the parent of every kernel thread
+
+
+@dataclass(frozen=True)
+class Process:
+    parent: int
+    started: int  # clock ticks after boot: with the pid, who the process is (pids are reused)
+    cpu: int  # clock ticks: its own user and system time and its reaped children's
+
+
+def processes(proc: Path = PROC) -> dict[int, Process] | None:
+    """Every process now, by pid; None where there is no /proc."""
+    if not (proc / "self" / "stat").exists():
+        return None
+    found = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # it ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (name) "; a name may hold spaces
+        parent, started = int(fields[1]), int(fields[19])
+        found[int(entry.name)] = Process(parent, started, sum(int(value) for value in fields[11:15]))
+    return found
+
+
+def _belongs(pid: int, table: dict[int, Process], roots: set[int]) -> bool:
+    seen = set()
+    while pid in table and pid not in seen:
+        if pid in roots:
+            return True
+        seen.add(pid)
+        pid = table[pid].parent
+    return pid in roots
+
+
+def others_cpu_seconds(start: dict[int, Process], end: dict[int, Process], ours: Iterable[int] = ()) -> float:
+    """The CPU seconds other work took between two `processes()` readings."""
+    roots, kernel = {os.getpid(), *ours}, {KERNEL_THREADS}
+    ticks = 0
+    for pid, process in end.items():
+        if pid == KERNEL_THREADS or _belongs(pid, end, roots) or _belongs(pid, end, kernel):
+            continue
+        before = start.get(pid)
+        same = before is not None and before.started == process.started
+        ticks += process.cpu - (before.cpu if same and before is not None else 0)
+    return ticks / os.sysconf("SC_CLK_TCK")
