@@ -64,7 +64,7 @@ NOTHING: dict[str, list[str]] = {"scratch databases": [], "schemas": [], "tables
 
 
 def _argv(folder: Path, url: str) -> list[str]:
-    smallest = ["--backends", "postgresql-repository", "--shape", "ceh", "--tiny"]
+    smallest = ["--backends", "postgresql-repository", "--shape", "aceh", "--tiny"]
     return ["--dir", str(folder), "--postgres", url, *smallest]
 
 
@@ -75,6 +75,8 @@ def test_postgres_rows_run_in_a_scratch_database_that_is_dropped(
     code, out, err = _bench(capsys, *_argv(tmp_path, url))
     assert code == 0, err
     assert "postgresql repository, async (power)" in out and "postgresql: list" in out  # the rows ran
+    one_committer = out.split("\na: 1 session, 1 committer, 1 fact\n")[1].split("\n\n")[0]
+    assert "postgresql repository, async (power)" in one_committer  # shape a, beside its peers
     assert "postgresql repository: reopen, list, claim the unfinished" in out  # in a second scratch database
     assert _left(postgres_server, url.rsplit("/", 1)[1]) == NOTHING
     assert list(tmp_path.iterdir()) == []

@@ -180,6 +180,16 @@ def run(
                     shapes.peer_job(scratch, peer, 1, plan.commits(peer.durability, "sync")),
                     {"durability": peer.durability, "kind": "peer", "ceiling": _ceiling(peer.durability, 1)},
                 )
+            if postgres and repository_on("postgresql") and facts == 1:  # beside the peers on its server
+                jobs["postgresql repository, async (power)"] = (
+                    shapes.repository_job(lambda: postgres, 1, plan.commits("power", "async")),
+                    {
+                        "durability": "power",
+                        "api": "async",
+                        "kind": "repository",
+                        "ceiling": "write+fdatasync",
+                    },
+                )
             ceilings = _one_writer_ceilings(scratch, plan, any(infos[n].syncs_filesystem for n in names))
             measure(f"a: 1 session, 1 committer, {facts} fact{'s' if facts > 1 else ''}", jobs, ceilings)
         # (b) one session, 64 committers
