@@ -76,7 +76,11 @@ def test_postgres_rows_run_in_a_scratch_database_that_is_dropped(
     assert code == 0, err
     assert "postgresql repository, async (power)" in out and "postgresql: list" in out  # the rows ran
     one_committer = out.split("\na: 1 session, 1 committer, 1 fact\n")[1].split("\n\n")[0]
-    assert "postgresql repository, async (power)" in one_committer  # shape a, beside its peers
+    assert "postgresql repository (power)" in one_committer  # shape a, beside its peers: sync
+    assert "postgresql repository, async (power)" in one_committer  # and async
+    assert "ceiling: PostgreSQL: INSERT+COMMIT" in one_committer  # and the server's bare ceiling
+    row = next(line for line in one_committer.splitlines() if "postgresql repository" in line)
+    assert "PostgreSQL: INSERT+COMMIT" in row  # measured against it, in the same rounds
     assert "postgresql repository: reopen, list, claim the unfinished" in out  # in a second scratch database
     assert _left(postgres_server, url.rsplit("/", 1)[1]) == NOTHING
     assert list(tmp_path.iterdir()) == []

@@ -206,18 +206,21 @@ def peers(postgres: str | None = None) -> list[Peer]:
                 "power",
                 _langgraph_postgres(postgres),
                 kept_open=False,  # a connection a session: opened and closed each round
+                on_postgres=True,
             ),
             Peer(
                 "eventsourcing (PostgreSQL)",
                 "power",
                 _eventsourcing(_postgres_env(postgres)),
                 kept_open=False,
+                on_postgres=True,
             ),
             Peer(
                 "openai-agents SQLAlchemySession (PostgreSQL)",
                 "power",
                 _openai_agents_sqlalchemy(postgres),
                 concurrent=False,
+                on_postgres=True,
             ),
         ]
     return found

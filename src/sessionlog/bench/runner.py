@@ -176,21 +176,30 @@ def run(
                     {"durability": info.durability, "api": info.api, "ceiling": ceiling},
                 )
             for peer in usable if facts == 1 else ():  # a peer commits one message
+                ceiling = shapes.POSTGRES_CEILING if peer.on_postgres else _ceiling(peer.durability, 1)
                 jobs[f"peer: {peer.name}"] = (
                     shapes.peer_job(scratch, peer, 1, plan.commits(peer.durability, "sync")),
-                    {"durability": peer.durability, "kind": "peer", "ceiling": _ceiling(peer.durability, 1)},
+                    {"durability": peer.durability, "kind": "peer", "ceiling": ceiling},
                 )
             if postgres and repository_on("postgresql") and facts == 1:  # beside the peers on its server
-                jobs["postgresql repository, async (power)"] = (
-                    shapes.repository_job(lambda: postgres, 1, plan.commits("power", "async")),
-                    {
-                        "durability": "power",
-                        "api": "async",
-                        "kind": "repository",
-                        "ceiling": "write+fdatasync",
-                    },
-                )
+                for api, job in (
+                    ("sync", shapes.sync_repository_job(lambda: postgres, plan.commits("power", "sync"))),
+                    ("async", shapes.repository_job(lambda: postgres, 1, plan.commits("power", "async"))),
+                ):
+                    jobs[f"postgresql repository{', async' if api == 'async' else ''} (power)"] = (
+                        job,
+                        {
+                            "durability": "power",
+                            "api": api,
+                            "kind": "repository",
+                            "ceiling": shapes.POSTGRES_CEILING,
+                        },
+                    )
             ceilings = _one_writer_ceilings(scratch, plan, any(infos[n].syncs_filesystem for n in names))
+            if postgres and any(meta.get("ceiling") == shapes.POSTGRES_CEILING for _, meta in jobs.values()):
+                ceilings[shapes.POSTGRES_CEILING] = shapes.postgres_ceiling_job(
+                    postgres, plan.commits("power", "sync")
+                )
             measure(f"a: 1 session, 1 committer, {facts} fact{'s' if facts > 1 else ''}", jobs, ceilings)
         # (b) one session, 64 committers
         async_names = [name for name in names if infos[name].api == "async"]

@@ -6,6 +6,8 @@
 * `ceiling_job`: what the machine allows for the same shape: N threads each appending 500-byte
   lines to a file of its own, with `fdatasync` (or `syncfs`, for the rows syncing that way) after
   each (power) or without (process).
+* `postgres_ceiling_job`: what a PostgreSQL server allows one session: a bare INSERT of a
+  500-byte line on one autocommit connection a commit (the ceiling of the rows on that server).
 * `repository_job`: N sessions of one repository (a SQLite file, a PostgreSQL database) through
   its async twin, whose writer thread puts the commits queued meanwhile in one transaction.
 * `Kept`: the sessions of `sessions_job`, `repository_job` and `peer_job` are opened before a
@@ -296,6 +298,56 @@ def ceiling_job(scratch: Scratch, sessions: int, commits: int, how: str) -> Job:
     return run
 
 
+POSTGRES_CEILING = "PostgreSQL: INSERT+COMMIT"
+
+
+def postgres_ceiling_job(url: str, commits: int) -> Job:
+    """One thread, one autocommit psycopg connection, a bare `INSERT` of a 500-byte line a commit
+    (one statement and its commit in one round trip, as a sessionlog commit's one statement is)
+    into a table of the scratch database `url` (dropped with it)."""
+
+    def opening() -> tuple[Job, Callable[[], Any]]:
+        import psycopg
+
+        connection = psycopg.connect(url, autocommit=True)
+        connection.execute(
+            "create table if not exists bench_bare_lines (number bigint primary key, line bytea)"
+        )
+        line, numbers, lock = b"x" * 499 + b"\n", iter(range(1 << 62)), threading.Lock()
+
+        def write(session: int, index: int) -> None:
+            with lock:
+                number = next(numbers)
+            connection.execute("insert into bench_bare_lines values (%s, %s)", (number, line))
+
+        return (lambda: in_threads(1, commits, write)), connection.close
+
+    return Kept(opening, 1)
+
+
+def sync_repository_job(location: Any, commits: int) -> Job:
+    """One session of the repository `location()` gives, through its sync API, one committer
+    (shape a: a repository's store as a single agent commits to it), made once (`Kept`)."""
+
+    def opening() -> tuple[Job, Callable[[], Any]]:
+        repo = sessionlog.repository(location())
+        try:
+            store = repo.create(**HEADER)
+        except BaseException:
+            repo.close()
+            raise
+
+        def close() -> None:
+            try:
+                store.close()
+            finally:
+                repo.close()
+
+        return (lambda: in_threads(1, commits, lambda _, index: store.commit(transaction(index, 1)))), close
+
+    return Kept(opening, 1)
+
+
 def repository_job(location: Any, sessions: int, commits: int, **options: Any) -> Job:
     """N sessions of the repository `location()` gives, one task each, made once (`Kept`)."""
 
@@ -404,6 +456,7 @@ class Peer:
     # its N sessions kept open across the rounds (`Kept`); False for a connection a session to a
     # server: two such peers' 64 each would pass a default server's 100 connections
     kept_open: bool = True
+    on_postgres: bool = False  # its data on the PostgreSQL server: measured against its ceiling
 
 
 def peer_job(scratch: Scratch, peer: Peer, sessions: int, commits: int) -> Job:
