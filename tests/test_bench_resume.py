@@ -15,6 +15,7 @@ import pytest
 from sessionlog.bench import report, restart, resume
 from sessionlog.bench import run as bench_run
 from sessionlog.bench.measure import RowFailed
+from sessionlog.bench.shapes import Peer
 
 MODULES = {  # the module each peer's read path needs
     "openai-agents SQLiteSession.get_items": "agents",
@@ -74,12 +75,16 @@ def test_backends_named_are_the_resumed_ones_and_a_failing_peer_is_skipped(tmp_p
     def broken(folder: Path, items: list[dict[str, Any]]) -> resume.Built:
         raise ImportError("No module named 'nowhere'")
 
+    def absent(folder: Path, session: int) -> Any:
+        raise ImportError("No module named 'elsewhere'")
+
     readers = [resume.Reader("a peer that is not installed", broken)]
+    appending = [Peer("an append peer, not installed", "power", absent)]  # shapes a and c only
     result = bench_run(
-        str(tmp_path), ["jsonl-fsync"], None, "tiny", progress=False, only="g", readers=readers
+        str(tmp_path), ["jsonl-fsync"], None, "tiny", False, appending, only="g", readers=readers
     )
     assert {row["name"] for row in result["rows"]} == {"jsonl-fsync"}  # no jsonl: no no-snapshot row
-    assert result["skipped"] == [
+    assert result["skipped"] == [  # not the append peer: no shape of this run would have used it
         {"name": "a peer that is not installed", "reason": "ImportError: No module named 'nowhere'"}
     ]
 
