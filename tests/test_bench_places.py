@@ -82,6 +82,8 @@ def test_postgres_rows_run_in_a_scratch_database_that_is_dropped(
     row = next(line for line in one_committer.splitlines() if "postgresql repository" in line)
     assert "PostgreSQL: INSERT+COMMIT" in row  # measured against it, in the same rounds
     assert "postgresql repository: reopen, list, claim the unfinished" in out  # in a second scratch database
+    version = postgres_server.psql("show server_version").strip("(),'\n ").split()[0]
+    assert f"PostgreSQL server {version}" in out.splitlines()[1]  # the run names the server it measured
     assert _left(postgres_server, url.rsplit("/", 1)[1]) == NOTHING
     assert list(tmp_path.iterdir()) == []
 

@@ -290,6 +290,12 @@ def checks(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _libraries(machine: dict[str, Any]) -> list[str]:
+    """The versions of the peers installed and of the PostgreSQL server, as one line (none: no line)."""
+    found = machine.get("libraries") or {}
+    return [f"With {', '.join(f'{name} {version}' for name, version in found.items())}."] if found else []
+
+
 def text(result: dict[str, Any]) -> str:
     machine = result["machine"]
     out = [
@@ -297,6 +303,7 @@ def text(result: dict[str, Any]) -> str:
         f"{machine['platform']}, "
         f"{machine['cpus']} CPUs, Python {machine['python']}, sessionlog {machine['sessionlog']}, "
         f"SQLite {machine['sqlite']}; scratch in {machine['directory']} ({machine['filesystem']})",
+        *_libraries(machine),
         "Throughput is the median over alternating rounds, min-max beside it; each row's ceiling was "
         "measured in the same rounds, and 'vs ceiling' is the median of the per-round ratios.",
     ]
@@ -326,6 +333,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{machine['date']}; {machine['platform']}, {machine['cpus']} CPUs; Python {machine['python']}, "
         f"sessionlog {machine['sessionlog']}, SQLite {machine['sqlite']}; {machine['filesystem']}; "
         f"{result['mode']} mode, {result['seconds']} s.",
+        *("", *_libraries(machine))[: 2 if machine.get("libraries") else 0],
     ]
     for shape, members in _shapes(result["rows"]).items():
         cells = table(shape, members)

@@ -404,7 +404,7 @@ def run(
     return {
         "rows": rows,
         "skipped": skipped,
-        "machine": machine(directory),
+        "machine": machine(directory, postgres),
         "mode": mode,
         "flushes": counter.describe(),
         "flush_device": counter.device,
@@ -464,9 +464,35 @@ def _ceiling(durability: str, sessions: int, syncs_filesystem: bool = False) -> 
     return kind if sessions == 1 else f"{sessions} threads: {kind}"
 
 
-def machine(directory: str | None) -> dict[str, Any]:
+PEER_PACKAGES = (  # the versions a run names, of those installed
+    "openai-agents",
+    "langgraph-checkpoint-sqlite",
+    "langgraph-checkpoint-postgres",
+    "eventsourcing",
+    "sqlalchemy",
+    "psycopg",
+)
+
+
+def machine(directory: str | None, postgres: str | None = None) -> dict[str, Any]:
+    """Where and with what the run ran: the date, the system, the versions (Python, sessionlog,
+    SQLite, the peers installed, the PostgreSQL server of its rows)."""
     import importlib.metadata
     import sqlite3
+
+    libraries = {}
+    for package in PEER_PACKAGES:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            libraries[package] = importlib.metadata.version(package)
+    if postgres:
+        try:
+            import psycopg
+
+            with psycopg.connect(postgres, connect_timeout=10) as connection:
+                number = connection.info.server_version  # e.g. 150014
+            libraries["PostgreSQL server"] = f"{number // 10000}.{number % 10000}"
+        except Exception as error:  # the run had its rows; only the version is missing
+            libraries["PostgreSQL server"] = f"unknown ({type(error).__name__})"
 
     where = directory or os.environ.get("TMPDIR", "/tmp")
     filesystem = "?"
@@ -487,4 +513,5 @@ def machine(directory: str | None) -> dict[str, Any]:
         "sqlite": sqlite3.sqlite_version,
         "directory": where,
         "filesystem": filesystem,
+        "libraries": libraries,
     }
