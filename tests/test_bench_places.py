@@ -174,3 +174,18 @@ def test_a_malformed_postgres_url_is_a_usage_error_that_never_echoes_it(
     assert err.startswith("sessionlog bench: error: --postgres: not a valid URL")
     assert len(err.strip().splitlines()) == 1 and "Sekr3t" not in out + err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("password", ["pw%zzSekr3t", "Sekr3t"])
+def test_a_driver_message_that_quotes_the_password_is_masked(
+    password: str, postgres_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found trying --postgres as a hostile user: libpq refuses a password with a bad percent
+    escape by quoting it ('invalid percent-encoded token: "pw%zzSekr3t"'), and the bench passed
+    the message on. A wrong password is refused without it; both are exit 2, one line."""
+    url = postgres_server.new_database().replace("://", f"://nobody:{password}@", 1)
+    argv = ["--dir", str(tmp_path), "--postgres", url, "--backends", "postgresql-repository"]
+    code, out, err = _bench(capsys, *argv, "--shape", "e", "--tiny")
+    assert code == bench.EXIT_USAGE and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1 and "Sekr3t" not in out + err, err
+    assert list(tmp_path.iterdir()) == []

@@ -26,6 +26,8 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
+from ..repositories.locations import mask_in
+
 PREFIX = "sessionlog_bench_"
 
 
@@ -118,12 +120,18 @@ class ScratchDatabase:
         try:
             self._execute(f'create database "{self.name}"')
         except Exception as error:  # psycopg's errors, unreachable servers: one line, no password
-            message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            message = self.problem(error)
             raise PlaceError(
                 f"--postgres {where(self.url)}: cannot create the scratch database {self.name} "
                 f"({message}); the bench writes only there, never into the URL's own database"
             ) from None
         return self.scratch_url
+
+    def problem(self, error: BaseException) -> str:
+        """The driver's message, its first line, with the URL's password masked in every form
+        (libpq quotes a password it cannot decode)."""
+        text = str(error).strip()
+        return mask_in(text.splitlines()[0] if text else type(error).__name__, self.url)
 
     def drop(self) -> None:
         self._execute(f'drop database if exists "{self.name}" with (force)')
@@ -138,8 +146,7 @@ class ScratchDatabase:
             except KeyboardInterrupt:
                 continue
             except Exception as error:  # the server went away: say what is left, never a traceback
-                message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-                print(f"sessionlog bench: could not drop {self.name}: {message}", file=sys.stderr)
+                print(f"sessionlog bench: could not drop {self.name}: {self.problem(error)}", file=sys.stderr)
                 break
         print(
             f"sessionlog bench: the scratch database {self.name} on {where(self.url)} is left: "

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import sessionlog
 
+from ..repositories.locations import mask_in
 from . import other_work, restart, resume, shapes, trust
 from .flushes import FlushCounter
 from .measure import Job, paired_ratio, steady
@@ -153,7 +154,7 @@ def run(
                 close()
                 usable.append(peer)
             except Exception as error:
-                skipped.append({"name": peer.name, "reason": f"{type(error).__name__}: {error}"[:200]})
+                skipped.append({"name": peer.name, "reason": _reason(error, postgres)})
         for reader in readers if "g" in only else ():
             try:  # two messages stored and read back: one not installed or failing is a skip
                 read, close = reader.build(scratch.fresh(), resume.messages(2))
@@ -162,7 +163,7 @@ def run(
                 close()
                 reading.append(reader)
             except Exception as error:
-                skipped.append({"name": reader.name, "reason": f"{type(error).__name__}: {error}"[:200]})
+                skipped.append({"name": reader.name, "reason": _reason(error, postgres)})
         # (a) one session, one committer
         for facts in (1, 10) if "a" in only else ():
             say(f"one session, one committer, {facts}-fact transactions")
@@ -424,6 +425,12 @@ def _locations(scratch: shapes.Scratch, postgres: str | None) -> dict[str, str]:
         "sqlite": f"sqlite:///{scratch.fresh() / 'sessions.db'}",
     }
     return found | ({"postgresql": postgres} if postgres else {})
+
+
+def _reason(error: BaseException, postgres: str | None) -> str:
+    """Why a peer is skipped: its error, short, the PostgreSQL URL's password masked."""
+    reason = f"{type(error).__name__}: {error}"
+    return (mask_in(reason, postgres) if postgres else reason)[:200]
 
 
 def _others(before: dict[int, Any] | None, ours: Sequence[int], seconds: float) -> float | None:
