@@ -30,7 +30,7 @@ def test_only_processes_that_are_not_the_runs_count_and_only_since_the_start() -
     }
     end = {
         me: Process(1, 10, 50 * TICK),  # the run itself
-        1: Process(0, 1, 0),
+        1: Process(0, 1, 1 * TICK),  # it reaped the stranger that ended: its 1 s, all before the run
         501: Process(me, 60, 9 * TICK),  # the run's child
         502: Process(501, 61, 9 * TICK),  # and its grandchild
         500: Process(1, 20, 5 * TICK),  # the stranger: 2 s during the run
@@ -42,6 +42,29 @@ def test_only_processes_that_are_not_the_runs_count_and_only_since_the_start() -
     }
     assert other_work.others_cpu_seconds(start, end, ours=[server]) == 3.0
     assert other_work.others_cpu_seconds(start, end) == 3.0 + 7 + 4  # the server, when not named
+
+
+def test_a_process_reaped_during_the_run_counts_only_its_cpu_since_the_start() -> None:
+    """Found trying the bench beside other work: a child that had burnt 8 s before the run and
+    ended during it folded its whole lifetime into its parent's reaped-children time at once,
+    and "other work took 287% of the CPUs" of an idle run. What it had at the start is taken off
+    its reaper's growth; a process that ended unreaped (a zombie) is still in the table."""
+    me = os.getpid()
+    start = {
+        me: Process(1, 10, 0),
+        1: Process(0, 1, 0),
+        700: Process(1, 20, 0),  # a shell
+        701: Process(700, 30, 0),  # its `timeout`
+        702: Process(701, 31, 8 * TICK),  # its hog: 8 s before the run
+    }
+    end = {
+        me: Process(1, 10, 0),
+        1: Process(0, 1, 0),
+        700: Process(1, 20, 10 * TICK),  # the hog (10 s in all) and `timeout` reaped into it
+    }
+    assert other_work.others_cpu_seconds(start, end) == 2.0
+    ours_then = {**start, 703: Process(me, 40, 5 * TICK)}  # a child of the run's, reaped by it
+    assert other_work.others_cpu_seconds(ours_then, end) == 2.0
 
 
 def test_a_real_stranger_is_counted_for_its_cpu_during_the_run_only(tmp_path: Path) -> None:

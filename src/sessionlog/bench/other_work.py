@@ -8,9 +8,11 @@ are read at the start and at the end of the run. A process is the run's own when
 process, a process among `ours` (a server the bench started) or a descendant of one; a kernel
 thread is nobody's. Every other process alive at the end counts its CPU time since the start
 (the whole of it when it started during the run), with the CPU time of the children it reaped
-(a test suite's workers, a shell's commands). Work that started and ended within the run and
-whose parent ended too is missed: the figure errs towards "the machine was idle"; the spread of
-each row's rounds (`trust.unreliable`) still catches what it did to the figures.
+(a test suite's workers, a shell's commands); a process that ended during the run is taken off
+its reaper's count for what it had at the start. Work whose reaper is not on the table (an
+orphan reaped by a PID 1 outside this PID namespace) is missed: the figure errs towards "the
+machine was idle"; the spread of each row's rounds (`trust.unreliable`) still catches what it
+did to the figures.
 """
 
 from __future__ import annotations
@@ -60,13 +62,28 @@ def _belongs(pid: int, table: dict[int, Process], roots: set[int]) -> bool:
 
 
 def others_cpu_seconds(start: dict[int, Process], end: dict[int, Process], ours: Iterable[int] = ()) -> float:
-    """The CPU seconds other work took between two `processes()` readings."""
-    roots, kernel = {os.getpid(), *ours}, {KERNEL_THREADS}
+    """The CPU seconds other work took between two `processes()` readings. A process that ended
+    between them was reaped by one alive at the end (an unreaped one is still listed: a zombie),
+    whose reaped-children time grew by the whole of the ended one's: what the ended one had at
+    the start is taken off again, so that only the CPU spent during the run counts."""
+    roots = {os.getpid(), *ours}
     ticks = 0
     for pid, process in end.items():
-        if pid == KERNEL_THREADS or _belongs(pid, end, roots) or _belongs(pid, end, kernel):
+        if not _others(pid, end, roots):
             continue
         before = start.get(pid)
-        same = before is not None and before.started == process.started
-        ticks += process.cpu - (before.cpu if same and before is not None else 0)
-    return ticks / os.sysconf("SC_CLK_TCK")
+        ticks += process.cpu - (before.cpu if before is not None and before.started == process.started else 0)
+    for pid, process in start.items():
+        after = end.get(pid)
+        if (after is None or after.started != process.started) and _others(pid, start, roots):
+            ticks -= process.cpu  # it ended: its reaper counted all of it
+    return max(ticks, 0) / os.sysconf("SC_CLK_TCK")
+
+
+def _others(pid: int, table: dict[int, Process], roots: set[int]) -> bool:
+    """Whether `pid` is other work's: not the run's, nor a kernel thread."""
+    return (
+        pid != KERNEL_THREADS
+        and not _belongs(pid, table, roots)
+        and not _belongs(pid, table, {KERNEL_THREADS})
+    )
