@@ -3,6 +3,7 @@ the benchmark's business, not a test's), its outputs, and that it leaves no scra
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -221,3 +222,63 @@ def test_a_plot_of_a_run_without_a_plotted_shape_is_a_usage_error_before_the_run
     assert run.code == sessionlog.bench.EXIT_USAGE and "Traceback" not in run.err
     assert "--plot: its panels are shapes a, b, c and f; this run has none of them" in run.err
     assert run.out == "" and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("names", ["jsonl,", ",", ""])
+def test_an_empty_backend_name_is_a_usage_error(names: str, cli: Any) -> None:
+    # Found trying --backends as a careless user: 'jsonl,' named an empty backend ("not a
+    # registered backend nor a repository:  (known: ...)") and '' ran every backend
+    run = cli("bench", "--backends", names, "--tiny", "--shape", "d")
+    assert run.code == 2 and "--backends: an empty name" in run.err and run.out == ""
+
+
+@pytest.mark.parametrize("option", ["--dir", "--json", "--markdown", "--plot"])
+def test_an_empty_path_is_a_usage_error_that_says_so(option: str, tmp_path: Path, cli: Any) -> None:
+    # Found trying the options as a careless user: `--dir ''` was "not writable", `--json ''`
+    # "a directory, not a file"
+    where = [] if option == "--dir" else ["--dir", tmp_path]
+    run = cli("bench", "--tiny", "--shape", "a", "--backends", "jsonl", *where, option, "")
+    assert run.code == 2 and run.err.strip() == f"sessionlog bench: error: {option}: an empty path"
+
+
+def test_an_output_file_that_fails_at_the_end_is_one_line_after_the_tables(tmp_path: Path, cli: Any) -> None:
+    # Found with `--json /dev/full`: the tables, then a traceback (OSError: No space left on
+    # device) and exit 1, which the bench does not document
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here to fail a write")
+    run = cli(
+        "bench", "--tiny", "--shape", "d", "--backends", "jsonl", "--dir", tmp_path, "--json", "/dev/full"
+    )
+    assert run.code == 2 and "Traceback" not in run.err
+    assert run.err.strip().splitlines()[-1] == (  # after the progress lines
+        "sessionlog bench: error: --json /dev/full: could not be written (No space left on device); "
+        "the run's tables are above"
+    )
+    assert "d: load 200 facts" in run.out and list(tmp_path.iterdir()) == []
+
+
+def test_a_disk_that_fills_during_the_run_is_one_line_and_nothing_left(tiny_disk: Any, cli: Any) -> None:
+    # Found with --dir on a full filesystem: the probe folder could be made, then a traceback
+    # (OSError: No space left on device) from the run's first session, exit 1
+    folder = tiny_disk("64k", "full")
+    filler = folder / "filler"
+    with contextlib.suppress(OSError), filler.open("wb") as out:
+        while True:
+            out.write(b"x" * 4096)
+            out.flush()
+    run = cli("bench", "--tiny", "--shape", "d", "--backends", "jsonl", "--dir", folder)
+    assert run.code == 2 and "Traceback" not in run.err, run.err
+    assert (
+        run.err.strip()
+        .splitlines()[-1]
+        .startswith(f"sessionlog bench: error: --dir {folder}: No space left on device (during the run")
+    )
+    assert sorted(path.name for path in folder.iterdir()) == ["filler"]
+
+
+def test_a_postgres_url_no_row_uses_is_said_to_be_unused(tmp_path: Path, cli: Any) -> None:
+    # Found with --backends jsonl and a --postgres URL: the URL was ignored without a word
+    url = "postgresql://someone:Sekr3t@db.invalid/x"
+    run = cli("bench", "--tiny", "--shape", "d", "--backends", "jsonl", "--dir", tmp_path, "--postgres", url)
+    assert run.code == 0
+    assert "--postgres is not used: no PostgreSQL row in this run" in run.err and "Sekr3t" not in run.err

@@ -8,7 +8,8 @@ session, a session in use and a blocked recovery):
 * 2: usage: a bad argument, an unknown backend or shape, a `--dir` that is missing, not a
   directory or not writable, a `--postgres` URL that cannot be read (never shown) or on which no
   scratch database can be made, a `--json`, `--markdown` or `--plot` FILE that cannot be
-  written, a `--plot` of a run without shapes a, b, c or f; all before the run;
+  written, a `--plot` of a run without shapes a, b, c or f; all before the run; and a `--dir`
+  that fills up (or turns read-only) during the run, a FILE whose writing fails at its end;
 * 5: a row was caught not syncing: a power-class row made fewer device flushes than half its
   commits over its committers (`report.flush_evidence`); the rows are named;
 * 6: a row failed (it raised): the row and the error are named, the run stops;
@@ -20,6 +21,7 @@ In every case the scratch folder and the scratch database are gone before it exi
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 from pathlib import Path
@@ -44,10 +46,10 @@ EPILOG = (
     "caught not syncing; 2 usage (a bad argument, a missing, non-directory or read-only --dir, a "
     "--postgres URL that cannot be read or where no scratch database can be made, a --json, "
     "--markdown or --plot FILE that cannot be written, a --plot of a run without shapes a, b, c "
-    "or f; all before the run); 5 a row was caught not syncing (a power-class row made fewer "
-    "device flushes than half its commits over its committers; named); 6 a row failed (named, "
-    "with its error); 130 interrupted. Scratch files and the scratch database are removed in "
-    "every case."
+    "or f; all before the run; a --dir that fills up during it, a FILE that fails at its end); "
+    "5 a row was caught not syncing (a power-class row made fewer device flushes than half its "
+    "commits over its committers; named); 6 a row failed (named, with its error); 130 "
+    "interrupted. Scratch files and the scratch database are removed in every case."
 )
 
 
@@ -109,7 +111,9 @@ def main(argv: list[str] | None = None, *, registry: Registry | None = None) -> 
     made = parser()
     args = made.parse_args(argv)
     known = set(sessionlog.backends(registry)) | {f"{kind}-repository" for kind in runner.REPOSITORIES}
-    backends = args.backends.split(",") if args.backends else None
+    backends = args.backends.split(",") if args.backends is not None else None
+    if backends is not None and "" in backends:
+        made.error(f"--backends: an empty name in {args.backends!r} (comma-separated registered backends)")
     if backends and not set(backends) <= known:
         unknown = ", ".join(sorted(set(backends) - known))
         names = ", ".join(sorted(known))
@@ -127,22 +131,42 @@ def main(argv: list[str] | None = None, *, registry: Registry | None = None) -> 
             raise PlaceError("--plot: its panels are shapes a, b, c and f; this run has none of them")
     except PlaceError as error:
         return _say(str(error), EXIT_USAGE)
+    if args.postgres is not None and not _postgres_wanted(backends, only):
+        print(
+            f"{PROG}: --postgres is not used: no PostgreSQL row in this run (--backends, --shape)",
+            file=sys.stderr,
+        )
     try:
         result = _run_in_scratch(args, directory, backends, only, mode, registry)
     except PlaceError as error:
         return _say(str(error), EXIT_USAGE)
+    except OSError as error:
+        if error.errno not in PLACE_ERRORS:
+            raise
+        return _say(
+            f"--dir {directory}: {error.strerror} (during the run; nothing is left of it)", EXIT_USAGE
+        )
     except RowFailed as error:
         return _say(f"{error}; nothing is left of the run", EXIT_ROW_FAILED)
     except KeyboardInterrupt:
         return _say("interrupted; the scratch folder and database are removed", EXIT_INTERRUPTED)
     result["recommendation"] = advise(result)
     print(text(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
-    if args.markdown:
-        Path(args.markdown).write_text(markdown(result))
-    if args.plot:
-        plot(result, Path(args.plot))
+    writes = (
+        ("--json", args.json, lambda path: Path(path).write_text(json.dumps(result, indent=1))),
+        ("--markdown", args.markdown, lambda path: Path(path).write_text(markdown(result))),
+        ("--plot", args.plot, lambda path: plot(result, Path(path))),
+    )
+    for option, path, write in writes:
+        if path is None:
+            continue
+        try:
+            write(path)
+        except OSError as error:  # a disk that filled meanwhile, a folder removed meanwhile
+            return _say(
+                f"{option} {path}: could not be written ({error.strerror}); the run's tables are above",
+                EXIT_USAGE,
+            )
     unsynced = not_syncing(result)
     if unsynced:
         print(
@@ -151,6 +175,9 @@ def main(argv: list[str] | None = None, *, registry: Registry | None = None) -> 
         )
         return EXIT_NOT_SYNCING
     return EXIT_OK
+
+
+PLACE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # --dir could not hold the run: usage
 
 
 def _say(message: str, status: int) -> int:

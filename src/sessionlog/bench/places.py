@@ -37,6 +37,8 @@ class PlaceError(ValueError):
 
 def check_directory(path: str | None) -> str:
     """The folder scratch files go under: `path`, or the system's temporary directory."""
+    if path == "":
+        raise PlaceError("--dir: an empty path")
     where = path if path is not None else tempfile.gettempdir()
     try:
         is_dir = Path(where).is_dir()
@@ -61,6 +63,8 @@ def check_output(option: str, path: str) -> None:
     """A `--json`, `--markdown` or `--plot` FILE the run could not write at its end (a missing
     folder, a directory, no permission) is `PlaceError` before anything is measured; the file
     itself is not created here."""
+    if path == "":
+        raise PlaceError(f"{option}: an empty path")
     target = Path(path)
     try:
         if target.is_dir():
