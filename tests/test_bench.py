@@ -93,6 +93,11 @@ def test_not_syncing_is_decided_by_the_device_flushes_never_by_timing_alone() ->
     result = {"mode": "quick", "rows": rows, "flush_device": "vda", "flushes": "counted on /dev/vda"}
     assert [line.split(" (")[0] for line in report.not_syncing(result)] == ["liar"]
     assert "honest but fast" in " ".join(report.above_ceiling(result))  # reported, not a verdict
+    shown = report.checks({**result, "seconds": 1.0})  # the ceiling had no rounds to move in: no claim it did
+    assert any(
+        line.startswith("above its ceiling (not a verdict; its flushes are the evidence): honest but fast")
+        for line in shown
+    ), shown
     assert report.not_syncing({**result, "flush_device": None}) == []  # no counter: no verdict
     unseen = [{**ceiling, "flushes": 0}, *rows[1:]]  # the ceiling's syncs made no flushes it saw
     assert report.not_syncing({**result, "rows": unseen}) == []

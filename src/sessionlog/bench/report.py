@@ -286,7 +286,7 @@ def checks(result: dict[str, Any]) -> list[str]:
     for reason in missing:
         lines.append(f"no verdict on syncing: {reason} (timing alone proves nothing)")
     for line in above_ceiling(result):
-        lines.append(f"above its ceiling (not a verdict; the ceiling moved between rounds): {line}")
+        lines.append(f"above its ceiling (not a verdict; its flushes are the evidence): {line}")
     return lines
 
 
