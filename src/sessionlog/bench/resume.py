@@ -35,9 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import sessionlog
+from sessionlog.backends.jsonl import open_jsonl
 from sessionlog.backends.jsonl_file import remove_snapshot
 from sessionlog.backends.sqlite_info import INFOS
 from sessionlog.core import facts as F
+from sessionlog.core.store import BackendInfo
+from sessionlog.plugins.hookspecs import hookimpl
+from sessionlog.plugins.registry import Registry, plugin_manager
 
 from .measure import WINDOW, Job
 from .peers import session_aggregate
@@ -46,6 +50,7 @@ from .shapes import HEADER
 SQLITE_BACKENDS = frozenset(info.name for info in INFOS.values())
 CONTENT = "m" * 515  # with its index: {"role": "user", "content": ...} is 550 bytes of JSON
 NO_SNAPSHOT = "jsonl without its snapshot: every line reduced"
+NO_SNAPSHOT_BACKEND = "bench-jsonl-without-snapshots"  # registered in a registry of the bench's own
 Read = Callable[[], int]  # one resume; how many messages it gave back
 Built = tuple[Read, Callable[[], Any]]  # (read, close)
 
@@ -155,16 +160,44 @@ def sessionlog_build(backend: str, registry: Any = None) -> Callable[[Path, byte
     return build
 
 
+class _WithoutSnapshots:
+    """A `jsonl` backend without the snapshot seam: the core finds no `read_snapshot` nor
+    `write_snapshot` (`core.store`), so a load reduces every line and a close writes none."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("read_snapshot", "write_snapshot"):
+            raise AttributeError(name)
+        return getattr(self._backend, name)
+
+
+class _NoSnapshotPlugin:
+    """Registers NO_SNAPSHOT_BACKEND: `jsonl`, through `_WithoutSnapshots`."""
+
+    @hookimpl
+    def register_backends(self, register: Any) -> None:
+        def open_without(path: Path, **options: Any) -> Any:
+            return _WithoutSnapshots(open_jsonl(path, **options))
+
+        info = BackendInfo(NO_SNAPSHOT_BACKEND, "process", "sync", "jsonl without snapshots", plain_file=True)
+        register(NO_SNAPSHOT_BACKEND, open_without, info)
+
+
 def no_snapshot_build(folder: Path, data: bytes) -> Built:
-    """The `jsonl` session without its snapshot (a writer killed before its close leaves none):
-    a read is the file read whole and every line reduced (`reduce_bytes`), the load a backend
-    without the snapshot seam (or a session's first resume after a crash) pays."""
+    """The `jsonl` session without its snapshot seam (as a writer killed before its close
+    leaves it, with none): a read is the `jsonl` row's (open, load, list, close), every line
+    reduced and no snapshot written, the load a session's first resume after a crash pays."""
     path = folder / "no-snapshot.jsonl"
     path.write_bytes(data)
+    registry = Registry(plugin_manager(entry_points=False, plugins=[_NoSnapshotPlugin()]))
 
     def read() -> int:
-        return len(list(sessionlog.reduce_bytes(path.read_bytes(), path=path).active_context))
+        with sessionlog.open(path, NO_SNAPSHOT_BACKEND, registry=registry) as store:
+            return len(list(store.load().active_context))
 
+    read()  # untimed, as the other rows' first read
     return read, lambda: None
 
 
