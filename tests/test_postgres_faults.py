@@ -637,3 +637,28 @@ def test_a_dropped_async_store_gives_its_session_back(postgres_server: PostgresS
         await repo.close()
 
     asyncio.run(main())
+
+
+def test_a_second_ctrl_c_while_a_server_stops_still_removes_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found pressing Ctrl-C twice while `sessionlog bench` set up its throwaway server: the
+    second interrupted `pg_ctl stop`, and the server's folder (its password file in it) was
+    left. The stop is tried once more and the folder removed in any case; the interrupt is the
+    caller's (its first Ctrl-C is already on its way)."""
+    try:
+        server = PostgresServer(tmp_path / "server", tmp_path / "server" / "data", 1, "pw", None)
+    except Exception as error:  # no PostgreSQL binaries: this stop has nothing to stop
+        pytest.skip(f"no PostgreSQL binaries here: {error}")
+    server.data.mkdir(parents=True)
+    (server.data / "postmaster.pid").write_text("1\n")
+    calls: list[str] = []
+
+    def interrupted(*command: Any, **options: Any) -> Any:
+        calls.append(Path(str(command[0])).name)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(server, "_run", interrupted)
+    server.stop()
+    assert calls == ["pg_ctl", "pg_ctl"]  # tried again after the first interrupt, not more
+    assert not server.root.exists()

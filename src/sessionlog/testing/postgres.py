@@ -96,6 +96,7 @@ class PostgresServer:
             if run_as is not None:
                 shutil.chown(root, run_as)
             password_file = root / "password"
+            password_file.touch(mode=0o600)  # read by initdb, then removed
             password_file.write_text(server.password)
             if run_as is not None:
                 shutil.chown(password_file, run_as)
@@ -260,11 +261,23 @@ class PostgresServer:
                 time.sleep(0.5)
 
     def stop(self) -> None:
-        for standby in self.standbys:
-            standby.stop()
-        if (self.data / "postmaster.pid").exists():
-            self._run(self.bin / "pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop", check=False)
-        shutil.rmtree(self.root, ignore_errors=True)
+        """Stop the server (and its standbys) and remove its folder. A Ctrl-C while stopping (a
+        second one, the first being why it stops) makes it try once more, and the folder, which
+        holds the server's password, goes in any case; the interrupt is not raised again."""
+        try:
+            for _attempt in range(2):
+                try:
+                    for standby in self.standbys:
+                        standby.stop()
+                    if (self.data / "postmaster.pid").exists():
+                        self._run(
+                            self.bin / "pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop", check=False
+                        )
+                    return
+                except KeyboardInterrupt:
+                    continue
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> PostgresServer:
         return self
