@@ -78,8 +78,10 @@ def test_a_real_stranger_is_counted_for_its_cpu_during_the_run_only(tmp_path: Pa
         "def burn(seconds):\n"
         "    end = time.process_time() + seconds\n"
         "    while time.process_time() < end: pass\n"
-        "def wait_for(name):\n"
-        "    while not os.path.exists(os.path.join(folder, name)): time.sleep(0.01)\n"
+        "def wait_for(name):\n"  # and ends at 'exit' (or with its folder) whatever it waits for
+        "    while not os.path.exists(os.path.join(folder, name)):\n"
+        "        if os.path.exists(os.path.join(folder, 'exit')) or not os.path.isdir(folder): sys.exit(0)\n"
+        "        time.sleep(0.01)\n"
         "burn(0.5)\n"
         "open(os.path.join(folder, 'pid.tmp'), 'w').write(str(os.getpid()))\n"
         "os.replace(os.path.join(folder, 'pid.tmp'), os.path.join(folder, 'pid'))\n"
@@ -108,3 +110,13 @@ def test_a_real_stranger_is_counted_for_its_cpu_during_the_run_only(tmp_path: Pa
         assert 0.75 <= counted - without < 1.0, (counted, without)  # its 0.8 s, not the 0.5 before
     finally:
         (tmp_path / "exit").touch()
+        while (tmp_path / "pid").exists() and _running(int((tmp_path / "pid").read_text())):
+            time.sleep(0.01)  # until it has ended: no test leaves it behind
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs (not gone, not a zombie: an orphan's PID 1 here may reap nothing)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
