@@ -101,7 +101,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _postgres_wanted(backends: list[str] | None, shapes: str) -> bool:
-    """PostgreSQL rows: the repository's (c, e, h) and the PostgreSQL peers' (a, c)."""
+    """PostgreSQL rows: the repository's (a, c, e, h) and the PostgreSQL peers' (a, c)."""
     return (backends is None or "postgresql-repository" in backends) and bool(set(shapes) & set("aceh"))
 
 
