@@ -130,7 +130,9 @@ def test_with_many_committers_a_flush_covers_at_most_one_commit_of_each() -> Non
         {**ceiling, "shape": c, "operations": 960, "flushes": 692},
         row(c, "jsonl-syncfs", 65, 960),  # one syncfs a flush for many sessions: 14.8 commits a flush
         row(c, "c liar", 7, 960),
-        row(c, "postgresql repository, async (power)", 0, 960),  # its server's disk: not judged
+        row(
+            c, "postgresql repository, async (power)", 0, 960, on_server=True
+        ),  # the server's disk: not judged
         row(c, "jsonl", 0, 2880, durability="process"),
     ]
     result = {"mode": "quick", "rows": rows, "flush_device": "vda", "flushes": "counted on /dev/vda"}

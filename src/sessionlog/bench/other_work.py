@@ -81,9 +81,5 @@ def others_cpu_seconds(start: dict[int, Process], end: dict[int, Process], ours:
 
 
 def _others(pid: int, table: dict[int, Process], roots: set[int]) -> bool:
-    """Whether `pid` is other work's: not the run's, nor a kernel thread."""
-    return (
-        pid != KERNEL_THREADS
-        and not _belongs(pid, table, roots)
-        and not _belongs(pid, table, {KERNEL_THREADS})
-    )
+    """Whether `pid` is other work's: neither the run's nor a kernel thread (kthreadd's)."""
+    return not _belongs(pid, table, roots | {KERNEL_THREADS})

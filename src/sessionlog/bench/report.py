@@ -142,12 +142,12 @@ def committers(shape: str) -> int | None:
 
 def _judged(row: dict[str, Any]) -> bool:
     """A row whose syncs the flush counter sees: sessionlog's, of a class that syncs, keeping its
-    data under --dir (not PostgreSQL's, whose server's disk need not be that one)."""
+    data under --dir (not a server's, such as PostgreSQL's: its disk need not be that one)."""
     return (
         committers(row["shape"]) is not None
         and row["kind"] in ("backend", "repository")
         and row.get("durability") in ("power", "replicated")
-        and not row["name"].startswith("postgresql")
+        and not row.get("on_server")
     )
 
 
@@ -333,7 +333,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{machine['date']}; {machine['platform']}, {machine['cpus']} CPUs; Python {machine['python']}, "
         f"sessionlog {machine['sessionlog']}, SQLite {machine['sqlite']}; {machine['filesystem']}; "
         f"{result['mode']} mode, {result['seconds']} s.",
-        *("", *_libraries(machine))[: 2 if machine.get("libraries") else 0],
+        *(["", *_libraries(machine)] if machine.get("libraries") else []),
     ]
     for shape, members in _shapes(result["rows"]).items():
         cells = table(shape, members)

@@ -167,7 +167,7 @@ def run(
         # (a) one session, one committer
         for facts in (1, 10) if "a" in only else ():
             say(f"one session, one committer, {facts}-fact transactions")
-            jobs = {}
+            jobs: dict[str, tuple[Job, dict[str, Any]]] = {}
             for name in names:
                 info = infos[name]
                 commits = plan.commits(info.durability, info.api)
@@ -194,6 +194,7 @@ def run(
                             "api": api,
                             "kind": "repository",
                             "ceiling": shapes.POSTGRES_CEILING,
+                            "on_server": True,
                         },
                     )
             ceilings = _one_writer_ceilings(scratch, plan, any(infos[n].syncs_filesystem for n in names))
@@ -288,6 +289,7 @@ def run(
                         "api": "async",
                         "kind": "repository",
                         "ceiling": f"{sessions} threads: write+fdatasync",
+                        "on_server": True,  # its data on the server's disk, not --dir's
                     },
                 )
             ceilings = {
