@@ -166,7 +166,7 @@ def test_shape_g_resumes_a_session_as_its_writers_close_leaves_it_and_leaves_no_
 ) -> None:
     # Its rounds timed the first resume (a full reduction, the snapshot written at its close)
     # among the later ones (from that snapshot), and the source's snapshot stayed in the scratch
-    from sessionlog.backends.jsonl_file import snapshot_path
+    from sessionlog.backends.side_files import snapshot_path
     from sessionlog.core.snapshot import MIN_LINES
 
     data = resume.session_bytes(tmp_path, [{"content": f"message {n}"} for n in range(MIN_LINES)])

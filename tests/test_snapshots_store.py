@@ -13,7 +13,8 @@ import orjson
 import pytest
 
 import sessionlog
-from sessionlog.backends.jsonl_file import JsonlFile, snapshot_path
+from sessionlog.backends.jsonl_file import JsonlFile
+from sessionlog.backends.side_files import snapshot_path
 from sessionlog.core import facts as F
 from sessionlog.core import snapshot
 

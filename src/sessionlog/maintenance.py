@@ -26,13 +26,8 @@ from typing import Any
 
 import orjson
 
-from .backends.jsonl_file import (
-    DEFAULT_OPS,
-    JsonlFile,
-    process_alive,
-    remove_stale_temporaries,
-    temporary_path,
-)
+from .backends.jsonl_file import DEFAULT_OPS, JsonlFile
+from .backends.side_files import process_alive, remove_stale_temporaries, temporary_path
 from .core.errors import CorruptionError, SessionExistsError
 from .core.framing import lines
 from .core.loading import valid_prefix

@@ -36,7 +36,7 @@ from typing import Any
 
 import sessionlog
 from sessionlog.backends.jsonl import open_jsonl
-from sessionlog.backends.jsonl_file import remove_snapshot
+from sessionlog.backends.side_files import remove_snapshot
 from sessionlog.backends.sqlite_info import INFOS
 from sessionlog.core import facts as F
 from sessionlog.core.store import BackendInfo

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..backends.jsonl_file import temporary_path
+from ..backends.side_files import temporary_path
 from ..core.errors import SessionExistsError, SessionLogError
 from ..core.framing import lines
 from ..maintenance import link_into_place, remove_copy, remove_stale_copies

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..backends.jsonl_file import temporary_path
+from ..backends.side_files import temporary_path
 from ..core.errors import SessionPathError
 from ..maintenance import link_into_place, remove_copy, remove_stale_copies, sync_file
 from ..plugins.registry import Registry

@@ -35,7 +35,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..backends.jsonl_file import process_alive, read_session_file, read_snapshot_file, remove_snapshot
+from ..backends.jsonl_file import read_session_file
+from ..backends.side_files import process_alive, read_snapshot_file, remove_snapshot
 from ..core.errors import (
     RepositoryError,
     RepositoryNotFoundError,

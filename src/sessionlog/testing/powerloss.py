@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from ..backends.jsonl_file import remove_snapshot, snapshot_path
+from ..backends.side_files import remove_snapshot, snapshot_path
 from ..core.errors import CorruptionError
 from ..core.framing import committed_length
 from ..core.loading import load, reduce_bytes
