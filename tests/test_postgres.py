@@ -16,6 +16,7 @@ import pytest
 import sessionlog
 from conftest import FIXTURES, budgets
 from sessionlog.core import facts as F
+from sessionlog.repositories.postgres_schema import SCHEMA_VERSION
 from sessionlog.testing import AsyncStoreContract, StoreContract
 from sessionlog.testing.postgres import (
     PathSessions,
@@ -58,7 +59,11 @@ class PostgresHooks:
         return self.urls[where]
 
     def downgrade(self, where: Path) -> None:
-        pytest.skip("version 1 is PostgreSQL's first schema: there is no previous one to migrate from")
+        """Schema version 1: no caller keys."""
+        sql(
+            self.location(where),
+            "drop table sessionlog.session_keys; update sessionlog.schema_version set version = 1",
+        )
 
     def take_over(self, where: Path, session_id: str) -> None:
         """A writer on another host takes the session (its lease expired, or it was told to)."""
@@ -119,7 +124,7 @@ def test_many_workers_starting_at_once_make_the_schema_once(postgres_server: Pos
     ]
     answers = [child.communicate(timeout=120) for child in children]
     assert [out.strip() for out, _ in answers] == ["0"] * 6, [error[-300:] for _, error in answers]
-    assert sql(url, "select version from sessionlog.schema_version") == [(1,)]
+    assert sql(url, "select version from sessionlog.schema_version") == [(SCHEMA_VERSION,)]
 
 
 def test_migrate_apart_and_a_runtime_role_with_table_rights_only(
@@ -129,7 +134,8 @@ def test_migrate_apart_and_a_runtime_role_with_table_rights_only(
     with pytest.raises(sessionlog.SessionPathError, match="sessionlog migrate"):
         sessionlog.repository(url, migrate=False)
     run = cli("migrate", url)
-    assert run.code == 0 and "version 1" in run.out and postgres_server.password not in run.out + run.err
+    assert run.code == 0 and f"version {SCHEMA_VERSION}" in run.out
+    assert postgres_server.password not in run.out + run.err
     assert cli("migrate", url).code == 0  # nothing left to do
     postgres_server.psql("create role agent login password 'agent-secret'")
     for statement in (

@@ -59,10 +59,10 @@ class SQLiteHooks:
         return f"sqlite:///{where / 'sessions.db'}"
 
     def downgrade(self, where: Path) -> None:
-        """Schema version 1: no `idle` column."""
+        """Schema version 1: no `idle` column, no caller keys."""
         with contextlib.closing(sqlite3.connect(where / "sessions.db")) as connection:
             connection.executescript(
-                "drop index sessions_open; alter table sessions drop column idle; "
+                "drop table session_keys; drop index sessions_open; alter table sessions drop column idle; "
                 "update schema_version set version = 1;"
             )
 

@@ -46,6 +46,7 @@ from .recovery import (
     start_tool_facts,
 )
 from .repositories import DirectoryRepository, SessionInfo, repository
+from .repositories.keys import InvalidKeyError, KeyHeldError, KeyNotFoundError, KeySessions
 from .runtime import Attempt, Run, RunBlockedError, RuntimeStateError, Session, ToolCall
 from .runtime_blocked import Blocked
 from .runtime_errors import RunOverError
@@ -90,6 +91,10 @@ __all__ = [
     "CorruptionError",
     "DirectoryRepository",
     "DurabilityUnavailableError",
+    "InvalidKeyError",
+    "KeyHeldError",
+    "KeyNotFoundError",
+    "KeySessions",
     "ReentrantCallError",
     "RepositoryError",
     "RepositoryNotFoundError",

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..adapters.labels import TOOL_LEDGER
 from ..backends.jsonl_file import read_session_file
 from ..core.errors import CorruptionError, shown
 from ..maintenance import remove_stale_copies, write_into_place
@@ -37,6 +38,7 @@ def cmd_ls(args: argparse.Namespace, registry: Registry) -> int:
             labels=args.label,
             limit=min(args.limit + 1, _MAX_LIMIT),  # one more: are there more than it shows?
             cursor=args.cursor,
+            key=args.key,
         )
     if len(rows) > args.limit:  # on stderr: stdout (and its JSON array) stays as it was
         rows = rows[: args.limit]
@@ -50,7 +52,7 @@ def cmd_ls(args: argparse.Namespace, registry: Registry) -> int:
         labels = f" [{', '.join(info.labels)}]" if info.labels else ""
         out(
             f"{info.session_id}  {info.status:<14} {created_text(info.updated_at)}  seq {info.last_seq:<6} "
-            f"{info.title or ''}{labels}"
+            f"{_title(info) or ''}{labels}{_key(info)}"
         )
     if not rows:
         out("no sessions")
@@ -73,7 +75,24 @@ def _row(info: Any) -> dict[str, Any]:
     row = {key: getattr(info, key) for key in info.__dataclass_fields__}
     row["usage"] = info.usage.to_json()
     row["labels"] = list(info.labels)
+    row["title"] = None if TOOL_LEDGER in info.labels else info.title
     return row
+
+
+def _key(info: Any) -> str:
+    """A session's caller key, escaped (a key may hold any text: a terminal sees no control
+    character of it), and whether the key replaced it."""
+    from ..repositories.keys import escaped
+
+    if info.key is None:
+        return ""
+    return f"  key {escaped(info.key)}{' (replaced)' if info.replaced else ''}"
+
+
+def _title(info: Any) -> str | None:
+    """A session's title: its first user message, except in a tool ledger, whose user entries
+    are the ledger's markers, never prompts (`adapters.langgraph_tools`)."""
+    return "(tool ledger)" if TOOL_LEDGER in info.labels else info.title
 
 
 def cmd_export(args: argparse.Namespace, registry: Registry) -> int:
@@ -184,6 +203,11 @@ def add_commands(commands: Any) -> None:
         help="only these",
     )
     sub.add_argument("--label", action="append", default=[], help="only sessions with this label")
+    sub.add_argument(
+        "--key",
+        metavar="KEY",
+        help="only the sessions of this caller key (its current one and those it replaced)",
+    )
     sub.add_argument(
         "--limit",
         type=_limit,

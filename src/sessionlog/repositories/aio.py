@@ -46,6 +46,7 @@ from ..opening import create_async, open_async
 from .base import CREATE_KEYWORDS, AsyncRepositoryBase, checked_create, checked_labels
 from .directory import DirectoryRepository
 from .info import SessionInfo
+from .keys import checked_key
 from .locations import masked
 from .rows import SessionRows
 from .sql import SQLRepository
@@ -79,8 +80,9 @@ class AsyncRepository(AsyncRepositoryBase):
         """A new session (`provider`, `model`, `cwd`, `environment_identity`, `labels`), open."""
         raise NotImplementedError
 
-    async def open(self, session_id: str) -> AsyncSessionStore:
-        """The session for writing; SessionLockedError while a live writer holds it."""
+    async def open(self, session_id: str | None = None, *, key: str | None = None) -> AsyncSessionStore:
+        """The session for writing; SessionLockedError while a live writer holds it. `key=`: the
+        key's current session (`keys`)."""
         raise NotImplementedError
 
     async def load(self, session_id: str) -> SessionState:
@@ -134,9 +136,13 @@ class AsyncDirectoryRepository(AsyncRepository):
         self.backend = backend or _ASYNC_TWIN.get(sync.backend, sync.backend)
         sync.read_as(self.backend)  # the sessions are this backend's files: read with its rule
 
-    async def create(self, **header: Any) -> AsyncSessionStore:
+    async def create(self, *, key: str | None = None, **header: Any) -> AsyncSessionStore:
         self._refuse_closed("create")
         checked_create(header, (*CREATE_KEYWORDS, "max_line_bytes"))
+        if key is not None:  # made by the sync repository (a key record linked), opened here
+            key = checked_key(key)
+            options = {"max_line_bytes": header.pop("max_line_bytes")} if "max_line_bytes" in header else {}
+            return await self.open_key(key, await self._call(self.sync.bind_key, key, **header), **options)
         labels = checked_labels(header.pop("labels", ()))  # refused before a session is made
         from ..core.ids import new_id
 
@@ -152,8 +158,12 @@ class AsyncDirectoryRepository(AsyncRepository):
             await self._call(self.sync.label, session_id, labels)
         return store
 
-    async def open(self, session_id: str, **options: Any) -> AsyncSessionStore:
+    async def open(
+        self, session_id: str | None = None, *, key: str | None = None, **options: Any
+    ) -> AsyncSessionStore:
         self._refuse_closed("open", session_id)
+        if key is not None or session_id is None:
+            return await self.open_keyed(session_id, key, **options)
         return await open_async(
             self.sync.path(session_id), self.backend, registry=self.sync.registry, **options
         )
@@ -168,12 +178,19 @@ class AsyncSQLRepository(AsyncRepository):
         super().__init__(sync, owns_sync=owns_sync)
         self.writer = BatchWriter(sync)
 
-    async def create(self, **header: Any) -> AsyncSessionStore:
+    async def create(self, *, key: str | None = None, **header: Any) -> AsyncSessionStore:
         self._refuse_closed("create")
+        if key is not None:
+            key = checked_key(key)
+            return await self.open_key(key, await self._call(self.sync.bind_key, key, **header))
         return await self.open(await self._call(self.sync.create_row, **header))
 
-    async def open(self, session_id: str, **options: Any) -> AsyncSessionStore:
+    async def open(
+        self, session_id: str | None = None, *, key: str | None = None, **options: Any
+    ) -> AsyncSessionStore:
         self._refuse_closed("open", session_id)
+        if key is not None or session_id is None:
+            return await self.open_keyed(session_id, key, **options)
         epoch = await self._call(self.sync.claim, session_id, **options)
         session = AsyncRowsSession(self, session_id, epoch)
         return await AsyncSessionStore.open_backend(

@@ -3,18 +3,22 @@ and checking labels."""
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ..core.commit import encode_header
-from ..core.errors import shown
+from ..core.errors import SessionLockedError, shown
 from ..core.framing import lines
 from ..core.ids import new_id
 from ..core.loading import reduce_bytes
+from .keys import KeyNotFoundError, KeySessions, checked_key, escaped, held_as_key
 
 if TYPE_CHECKING:
+    from ..core.async_store import AsyncSessionStore
+    from ..core.store import SessionStore
     from ..runtime import Session
     from ..runtime_async import AsyncSession
     from ..tools import Tool, Tools
@@ -31,17 +35,50 @@ class RepositoryBase:
         model: str,
         provider: str = "sessionlog",
         labels: Iterable[str] = (),
+        key: str | None = None,
         **options: Any,
     ) -> Session:
         """The agent loop (`sessionlog.Session`) on session `session_id`, opened for writing, or
-        on a new session when it is None (`provider`, `labels` for it). `options` go to `Session`."""
+        on a new session when it is None (`provider`, `labels` for it); `key=`: on the key's
+        current session, made when it has none (`create(key=...)`). `options` go to `Session`."""
         from ..runtime import Session
 
+        if session_id is not None and key is not None:
+            raise TypeError("session() takes a session_id or a key=, not both")
         if session_id is None:
-            store = self.create(provider=provider, model=model, labels=labels)  # type: ignore[attr-defined]
+            extra = {} if key is None else {"key": key}
+            store = self.create(provider=provider, model=model, labels=labels, **extra)  # type: ignore[attr-defined]
         else:
             store = self.open(session_id)  # type: ignore[attr-defined]
         return Session(store, tools=tools, model=model, **options)
+
+    # -- caller keys (`keys`): a kind brings `bind_key`, `current_of` and `key_sessions` ------------
+
+    def replace(self, key: str, **header: Any) -> SessionStore:
+        """A new session, current for `key` from now on, opened for writing (`provider`,
+        `model`, `cwd`, `environment_identity`, `labels` for it); the key's session before it is
+        kept, listed as replaced (`key_sessions`). What an adapter's `clear_session` does."""
+        key = checked_key(key)
+        checked_create(header)
+        return self.open_key(key, self.bind_key(key, replace=True, **header))  # type: ignore[attr-defined]
+
+    def open_key(self, key: str, session_id: str, **options: Any) -> SessionStore:
+        """Open `session_id`, the session of `key`: KeyHeldError (naming it) while held."""
+        try:
+            store: SessionStore = self.open(session_id, **options)  # type: ignore[attr-defined]
+        except SessionLockedError as error:
+            raise held_as_key(key, session_id, error) from None
+        return store
+
+    def open_keyed(self, session_id: str | None, key: str | None, **options: Any) -> SessionStore:
+        """`open(key=...)`: the key's current session (KeyNotFoundError when it has none)."""
+        if session_id is not None or key is None:
+            raise TypeError("open() takes a session_id or a key=, one of them")
+        key = checked_key(key)
+        found = self.current_of(key)  # type: ignore[attr-defined]
+        if found is None:
+            raise no_current(key, str(getattr(self, "directory", None) or getattr(self, "path", "")))
+        return self.open_key(key, found, **options)
 
 
 class AsyncRepositoryBase:
@@ -55,15 +92,54 @@ class AsyncRepositoryBase:
         model: str,
         provider: str = "sessionlog",
         labels: Iterable[str] = (),
+        key: str | None = None,
         **options: Any,
     ) -> AsyncSession:
         from ..runtime_async import AsyncSession
 
+        if session_id is not None and key is not None:
+            raise TypeError("session() takes a session_id or a key=, not both")
         if session_id is None:
-            store = await self.create(provider=provider, model=model, labels=labels)  # type: ignore[attr-defined]
+            extra = {} if key is None else {"key": key}
+            store = await self.create(provider=provider, model=model, labels=labels, **extra)  # type: ignore[attr-defined]
         else:
             store = await self.open(session_id)  # type: ignore[attr-defined]
         return AsyncSession(store, tools=tools, model=model, **options)
+
+    async def replace(self, key: str, **header: Any) -> AsyncSessionStore:
+        """As the sync `replace`, awaited."""
+        key = checked_key(key)
+        checked_create(header)
+        session_id = await self._call(self.sync.bind_key, key, replace=True, **header)  # type: ignore[attr-defined]
+        return await self.open_key(key, session_id)
+
+    async def open_key(self, key: str, session_id: str, **options: Any) -> AsyncSessionStore:
+        try:
+            store: AsyncSessionStore = await self.open(session_id, **options)  # type: ignore[attr-defined]
+        except SessionLockedError as error:
+            raise held_as_key(key, session_id, error) from None
+        return store
+
+    async def open_keyed(self, session_id: str | None, key: str | None, **options: Any) -> AsyncSessionStore:
+        if session_id is not None or key is None:
+            raise TypeError("open() takes a session_id or a key=, one of them")
+        key = checked_key(key)
+        found = await self._call(self.sync.current_of, key)  # type: ignore[attr-defined]
+        if found is None:
+            sync = self.sync  # type: ignore[attr-defined]
+            raise no_current(key, str(getattr(sync, "directory", None) or getattr(sync, "path", "")))
+        return await self.open_key(key, found, **options)
+
+    async def key_sessions(self, key: str) -> KeySessions | None:
+        return await self._call(self.sync.key_sessions, key)  # type: ignore[attr-defined, no-any-return]
+
+
+def no_current(key: str, where: str) -> KeyNotFoundError:
+    return KeyNotFoundError(
+        errno.ENOENT,
+        f"key {escaped(key)} names no current session in {where} (create(key=...) makes one)",
+        where,
+    )
 
 
 def fork_bytes(data: bytes, session_id: str, at_seq: int) -> tuple[str, bytes]:

@@ -56,9 +56,11 @@ from ..core.store import SessionStore
 from ..maintenance import write_into_place
 from ..opening import create, open
 from ..plugins.registry import Registry, default_registry
+from . import directory_keys
 from .base import CREATE_KEYWORDS, RepositoryBase, checked_create, checked_data, checked_labels, fork_bytes
 from .index import INDEX_NAME, Index, signature
 from .info import Candidate, Filters, SessionInfo, page
+from .keys import KeySessions, checked_key
 
 SUFFIX = ".jsonl"
 
@@ -130,7 +132,9 @@ class DirectoryRepository(RepositoryBase):
         self._index = Index(self.directory)
         self._index.open(create=create)
         self._cached: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] | None = None
+        self._keys = directory_keys.KeyRecords(self.directory)
         remove_debris(self.directory)
+        self._keys.remove_debris()
 
     def __repr__(self) -> str:
         return f"<DirectoryRepository {self.directory} ({self.backend})>"
@@ -178,12 +182,24 @@ class DirectoryRepository(RepositoryBase):
         cwd: str | None = None,
         environment_identity: str | None = None,
         labels: Iterable[str] = (),
+        key: str | None = None,
         **options: Any,
     ) -> SessionStore:
         """A new session, open for writing (its writer lock held). Its labels are stored before
         its file is made, so that no listing ever shows it without them. `max_line_bytes` is
-        the store's; any other keyword is a TypeError."""
+        the store's; any other keyword is a TypeError. `key=`: the key's current session, made
+        (with that header) when it has none (`keys`, `directory_keys`)."""
         self._refuse_closed("create")
+        if key is not None:
+            key = checked_key(key)
+            header: dict[str, Any] = {
+                "provider": provider,
+                "model": model,
+                "cwd": cwd,
+                "environment_identity": environment_identity,
+            }
+            checked_create(header | options, (*CREATE_KEYWORDS, "max_line_bytes"))
+            return self.open_key(key, self.bind_key(key, **header, labels=labels), **options)
         checked_create(
             {"provider": provider, "model": model, "cwd": cwd, "environment_identity": environment_identity}
             | options,
@@ -211,10 +227,47 @@ class DirectoryRepository(RepositoryBase):
                     self._index.forget(session_id)
             raise
 
-    def open(self, session_id: str, **options: Any) -> SessionStore:
-        """A session for writing; SessionLockedError while another writer holds it."""
+    def open(self, session_id: str | None = None, *, key: str | None = None, **options: Any) -> SessionStore:
+        """A session for writing; SessionLockedError while another writer holds it. `key=`: the
+        key's current session (KeyNotFoundError when it has none)."""
         self._refuse_closed("open", session_id)
+        if key is not None or session_id is None:
+            return self.open_keyed(session_id, key, **options)
         return open(self.path(session_id), self.backend, registry=self.registry, **options)
+
+    # -- caller keys (`keys`, kept in key records: `directory_keys`) ------------------------------
+
+    def bind_key(self, key: str, *, replace: bool = False, labels: Iterable[str] = (), **header: Any) -> str:
+        """The key's current session (made with `header` and `labels` when it has none, or when
+        `replace`): its file made, then its key record linked."""
+        self._refuse_closed("replace" if replace else "create")
+        key = checked_key(key)
+        checked_create(header)
+        wanted = checked_labels(labels)
+
+        def make() -> str:
+            with self.create(**header, labels=wanted) as store:
+                return store.load().session_id
+
+        def discard(session_id: str) -> None:  # lost the race: no one knows this session
+            with contextlib.suppress(SessionLogError, OSError):
+                self.delete(session_id)
+
+        return directory_keys.bind(
+            self._keys, key, replace=replace, exists=self._exists, make=make, discard=discard
+        )
+
+    def _exists(self, session_id: str) -> bool:
+        return is_uuid7(session_id) and self.path(session_id).is_file()
+
+    def current_of(self, key: str) -> str | None:
+        self._refuse_closed("open")
+        return directory_keys.current_of(self._keys, checked_key(key), self._exists)
+
+    def key_sessions(self, key: str) -> KeySessions | None:
+        """The key's current session and those it replaced (None: the key names none)."""
+        self._refuse_closed("key_sessions")
+        return directory_keys.sessions_of(self._keys, checked_key(key), self._exists)
 
     def load(self, session_id: str) -> SessionState:
         """The state of a session, read-only: never blocks its writer."""
@@ -309,8 +362,14 @@ class DirectoryRepository(RepositoryBase):
         wanted = Filters(**filters)
         found = sorted(self._summaries(), key=_newest_first, reverse=True)
         labels = self._index.labels()
+        keys = directory_keys.keys_by_session(self._keys)
         candidates = (
-            Candidate(summary, labels.get(summary["session_id"], ()), functools.partial(_held, path))
+            Candidate(
+                summary,
+                labels.get(summary["session_id"], ()),
+                functools.partial(_held, path),
+                *keys.get(summary["session_id"], (None, False)),
+            )
             for summary, path in found  # made only for the rows a page reaches
         )
         return page(candidates, wanted)

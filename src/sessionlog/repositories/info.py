@@ -11,6 +11,7 @@ from ..core.errors import shown
 from ..core.reducer import is_uuid7
 from ..core.state import Usage
 from .base import checked_labels
+from .keys import checked_key
 
 Status = Literal["idle", "running", "needs-recovery", "corrupt"]
 _NO_USAGE = Usage(0, 0, 0, 0)
@@ -22,7 +23,8 @@ class SessionInfo:
     """One session, as a listing shows it. `status`: `idle`, `running` (a run or compaction is
     unfinished and a live writer holds the session), `needs-recovery` (unfinished, no live
     writer: recover it), `corrupt` (the log is refused; `error` says why). Times are ms since
-    the epoch; `updated_at` is the last write. `cursor` continues a listing after this row."""
+    the epoch; `updated_at` is the last write. `cursor` continues a listing after this row.
+    `key`: the caller key naming it, if any; `replaced`: no longer the key's current session."""
 
     session_id: str
     status: Status
@@ -38,15 +40,23 @@ class SessionInfo:
     usage: Usage = _NO_USAGE
     writer: bool = False  # a live writer holds it
     error: str | None = None
+    key: str | None = None  # the caller's key of the session (`keys`)
+    replaced: bool = False  # the key has another current session now
 
     @property
     def cursor(self) -> str:
         return f"{self.updated_at}:{self.session_id}"
 
 
-def info_of(summary: dict[str, Any], labels: tuple[str, ...], held: Callable[[], bool]) -> SessionInfo:
+def info_of(
+    summary: dict[str, Any],
+    labels: tuple[str, ...],
+    held: Callable[[], bool],
+    key: str | None = None,
+    replaced: bool = False,
+) -> SessionInfo:
     """A listing row from a session's summary; `held()` says whether a live writer holds it (only
-    asked of unfinished sessions)."""
+    asked of unfinished sessions); `key`, `replaced`: its caller key (`keys`)."""
     session_id = summary["session_id"]
     if "error" in summary:
         return SessionInfo(
@@ -55,12 +65,21 @@ def info_of(summary: dict[str, Any], labels: tuple[str, ...], held: Callable[[],
             updated_at=summary["updated_at"],
             bytes=summary["bytes"],
             error=summary["error"],
+            key=key,
+            replaced=replaced,
         )
     writer = not summary["idle"] and held()
     status: Status = "idle" if summary["idle"] else "running" if writer else "needs-recovery"
     fields = {key: value for key, value in summary.items() if key not in _NOT_FIELDS}
     return SessionInfo(
-        session_id, status, labels=labels, usage=Usage(*summary["usage"]), writer=writer, **fields
+        session_id,
+        status,
+        labels=labels,
+        usage=Usage(*summary["usage"]),
+        writer=writer,
+        key=key,
+        replaced=replaced,
+        **fields,
     )
 
 
@@ -73,7 +92,8 @@ _CURSOR = re.compile(r"([0-9]{1,19}):(.+)", re.ASCII | re.DOTALL)
 class Filters:
     """`list` filters: `status` (one or several of `STATUSES`), `updated_after` /
     `updated_before` (ms since the epoch), `labels` (every one must be set), `limit` (a positive
-    integer; None: all), `cursor` (the `cursor` of the last row of the previous page).
+    integer; None: all), `cursor` (the `cursor` of the last row of the previous page), `key`
+    (the sessions of one caller key, its current one and those it replaced).
 
     Every filter is checked here, at the door, the same for every repository: a value of the
     wrong type is a TypeError, one out of range (or a status nobody has) a ValueError naming the
@@ -86,8 +106,11 @@ class Filters:
     labels: Iterable[str] | None = field(default_factory=tuple)
     limit: int | None = 100
     cursor: str | None = None
+    key: str | None = None
 
     def __post_init__(self) -> None:
+        if self.key is not None:
+            checked_key(self.key)
         object.__setattr__(self, "status", _statuses(self.status))
         labels = () if self.labels is None else tuple(checked_labels(self.labels, "the labels filter"))
         object.__setattr__(self, "labels", labels)
@@ -146,6 +169,8 @@ class Candidate:
     summary: dict[str, Any]
     labels: tuple[str, ...]
     held: Callable[[], bool]
+    caller_key: str | None = None
+    replaced: bool = False
 
     @property
     def key(self) -> tuple[int, str]:
@@ -169,7 +194,11 @@ def page(candidates: Iterable[Candidate], wanted: Filters) -> list[SessionInfo]:
             continue
         if not labels <= set(candidate.labels):
             continue
-        info = info_of(candidate.summary, candidate.labels, candidate.held)
+        if wanted.key is not None and candidate.caller_key != wanted.key:
+            continue
+        info = info_of(
+            candidate.summary, candidate.labels, candidate.held, candidate.caller_key, candidate.replaced
+        )
         if statuses and info.status not in statuses:
             continue
         rows.append(info)

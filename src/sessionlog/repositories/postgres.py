@@ -8,10 +8,11 @@ Driver: psycopg 3 and psycopg_pool (`pip install 'sessionlog[postgres]'`). A URL
 libpq parameter through (`sslmode=...`); a pool the caller passes stays the caller's (never
 closed here). Messages and reprs name the database without its password.
 
-Schema `sessionlog` (`sessions`, `lines`, `schema_version`), made or migrated when the repository
-opens, under `pg_advisory_xact_lock`, so many workers starting at once migrate it once; or apart,
-`sessionlog migrate URL`, with `migrate=False` here: the runtime role then needs only SELECT,
-INSERT, UPDATE and DELETE on the three tables. Lines are `bytea`: the bytes a writer committed,
+Schema `sessionlog` (`sessions`, `lines`, `session_keys`, `schema_version`; version 2), made or
+migrated when the repository opens, under `pg_advisory_xact_lock`, so many workers starting at
+once migrate it once; or apart, `sessionlog migrate URL`, with `migrate=False` here: the runtime
+role then needs only SELECT, INSERT, UPDATE and DELETE on the four tables. Lines are `bytea`: the
+bytes a writer committed,
 whatever they hold, with no encoding check or normalisation between them and the JSONL file;
 `text` would add a UTF-8 validation the reducer does anyway. Loading a session is one
 `string_agg` of its lines in key order, fetched in binary: one value, not one row per line.
@@ -68,7 +69,7 @@ from ..core.store import BackendInfo, SessionStore
 from .leases import Heartbeat, Key
 from .locations import mask_in, masked
 from .postgres_pool import Lender, readable
-from .postgres_schema import check_class, migrate_schema
+from .postgres_schema import KEY_LOCK, check_class, migrate_schema
 from .rows import SessionRows
 from .sql import SQLRepository, gone, statements
 
@@ -442,9 +443,14 @@ class PostgresRepository(SQLRepository):
 
     # -- writers -----------------------------------------------------------------------------------
 
-    def open(self, session_id: str, *, take_over: bool = False) -> SessionStore:
+    def open(
+        self, session_id: str | None = None, *, key: str | None = None, take_over: bool = False
+    ) -> SessionStore:
         """The session for writing; SessionLockedError while another writer's lease runs
-        (`take_over=True`: take it anyway; that writer is fenced at its next commit)."""
+        (`take_over=True`: take it anyway; that writer is fenced at its next commit). `key=`:
+        the key's current session (KeyNotFoundError when it has none; `keys`)."""
+        if key is not None or session_id is None:
+            return self.open_keyed(session_id, key, take_over=take_over)
         with self.failing_as("open", session_id):
             backend = PostgresSession(self, session_id, self.claim(session_id, take_over=take_over))
             return SessionStore.open_backend(backend, self.store_path(session_id), self.info)
@@ -480,6 +486,11 @@ class PostgresRepository(SQLRepository):
                         )
                 hold(session_id, int(row[0]))
             return int(row[0])
+
+    def lock_key(self, connection: Any, key: str) -> None:
+        """The binds of one key wait on each other (an advisory lock until COMMIT): the second
+        finds the first's session, never a unique violation."""
+        connection.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (KEY_LOCK, key))
 
     def holds(self, holder: Any, session_id: str) -> bool:
         """A writer whose lease runs, unless it was a process of this host that ended. (A store

@@ -9,7 +9,6 @@ from typing import Any
 
 from ..core.errors import DurabilityUnavailableError, RepositoryNotFoundError, SessionPathError
 
-SCHEMA_VERSION = 1
 STEPS = (
     # 1: the design's schema, lines byte for byte
     """
@@ -37,8 +36,22 @@ STEPS = (
         primary key (session_id, line_no)
     )
     """,
+    # 2: caller keys (`keys`): the sessions of each key, at most one of them current
+    """
+    create table sessionlog.session_keys (
+        session_id text primary key references sessionlog.sessions (session_id) on delete cascade,
+        caller_key text not null,
+        generation bigint not null,
+        replaced_at bigint,
+        unique (caller_key, generation)
+    );
+    create unique index session_keys_current on sessionlog.session_keys (caller_key)
+        where replaced_at is null
+    """,
 )
+SCHEMA_VERSION = len(STEPS)
 LOCK = 0x5E5510_6  # pg_advisory_xact_lock key of sessionlog's migrations
+KEY_LOCK = 0x5E55  # with hashtext(key): pg_advisory_xact_lock(int, int) of the binds of one key
 
 
 def check_class(connection: Any, durability: str, where: str) -> None:

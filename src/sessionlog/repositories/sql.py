@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from ..backends.jsonl_file import process_alive
+from ..backends.side_files import process_alive
 from ..core.errors import (
     RepositoryError,
     SessionChangedError,
@@ -39,6 +39,7 @@ from ..core.store import BackendInfo, SessionStore
 from ..opening import new_header
 from .base import RepositoryBase, checked_create, checked_data, checked_labels, fork_bytes
 from .info import Candidate, Filters, SessionInfo, page
+from .keys import KeySessions, checked_key
 from .leases import Heartbeat
 from .locations import masked
 from .rows import ROW_SQL, SessionRows, summary_row
@@ -55,8 +56,18 @@ SQL = {
     # check keeps it, and what it was acknowledged stays
     "delete": "delete from {s}sessions where session_id = ? and writer_epoch = ? and head_line = ?",
     "label": "update {s}sessions set labels = ? where session_id = ?",
-    "list": "select session_id, created_at, updated_at, head_line, head_bytes, summary, labels, {held} "
+    "list": "select session_id, created_at, updated_at, head_line, head_bytes, summary, labels, {held}, "
+    "(select k.caller_key from {s}session_keys k where k.session_id = {s}sessions.session_id), "
+    "(select k.replaced_at from {s}session_keys k where k.session_id = {s}sessions.session_id) "
     "from {s}sessions {where} order by updated_at desc, session_id desc",
+    # caller keys (`keys`): one row per keyed session; the current one has no replaced_at
+    "key_current": "select session_id from {s}session_keys where caller_key = ? and replaced_at is null",
+    "key_sessions": "select session_id, replaced_at from {s}session_keys where caller_key = ? "
+    "order by generation",
+    "key_next": "select coalesce(max(generation), 0) + 1 from {s}session_keys where caller_key = ?",
+    "key_replace": "update {s}session_keys set replaced_at = ? where caller_key = ? and replaced_at is null",
+    "key_insert": "insert into {s}session_keys (session_id, caller_key, generation) values (?, ?, ?)",
+    "key_filter": "session_id in (select k.session_id from {s}session_keys k where k.caller_key = ?)",
 }
 
 
@@ -215,17 +226,84 @@ class SQLRepository(RepositoryBase):
             raise ValueError(f"not a session id (a UUIDv7): {shown(session_id)}")
         return session_id
 
+    def _new_session(
+        self,
+        provider: str,
+        model: str,
+        cwd: str | None,
+        environment_identity: str | None,
+        other: dict[str, Any],
+    ) -> tuple[str, bytes]:
+        """A new session's id and header line, its arguments checked (`checked_create`)."""
+        checked_create(
+            {"provider": provider, "model": model, "cwd": cwd, "environment_identity": environment_identity}
+            | other
+        )
+        session_id = new_id()
+        return session_id, new_header(provider, model, cwd, environment_identity, session_id)
+
     def _missing(self, session_id: str) -> SessionNotFoundError:
         return SessionNotFoundError(errno.ENOENT, f"no session {session_id} in {self.path}", str(self.path))
 
     # -- one session -----------------------------------------------------------------------------
 
-    def create(self, **header: Any) -> SessionStore:
+    def create(self, *, key: str | None = None, **header: Any) -> SessionStore:
         """A new session (`provider`, `model`, `cwd`, `environment_identity`, `labels`), open for
-        writing."""
+        writing; `key=`: the key's current session, made with them when it has none (`keys`)."""
         with self.failing_as("create"):
             checked_create(header)
-            return self.open(self.create_row(**header))
+            if key is None:
+                return self.open(self.create_row(**header))
+            key = checked_key(key)
+            return self.open_key(key, self.bind_key(key, **header))
+
+    def lock_key(self, connection: Any, key: str) -> None:
+        """Serialise the transactions that bind `key` (SQLite's BEGIN IMMEDIATE already does);
+        the unique index on each key's current session is the backstop."""
+
+    def bind_key(
+        self,
+        key: str,
+        *,
+        replace: bool = False,
+        provider: str,
+        model: str,
+        cwd: str | None = None,
+        environment_identity: str | None = None,
+        labels: Iterable[str] = (),
+        **other: Any,
+    ) -> str:
+        """The id of the key's current session, made (with the header given) when it has none or
+        when `replace`: in one transaction with the key's row, the one before it marked replaced."""
+        with self.failing_as("replace" if replace else "create"):
+            key = checked_key(key)
+            session_id, header = self._new_session(provider, model, cwd, environment_identity, other)
+            wanted = checked_labels(labels)
+            state = reduce_bytes(header)
+            with self.transaction() as connection:
+                self.lock_key(connection, key)
+                if not replace and (row := connection.execute(self.sql["key_current"], (key,)).fetchone()):
+                    return str(row[0])
+                generation = connection.execute(self.sql["key_next"], (key,)).fetchone()[0]
+                connection.execute(self.sql["key_replace"], (time.time_ns() // 1_000_000, key))
+                self._insert_in(connection, session_id, [header], wanted, state)
+                connection.execute(self.sql["key_insert"], (session_id, key, int(generation)))
+            return session_id
+
+    def current_of(self, key: str) -> str | None:
+        """The key's current session, or None."""
+        with self.failing_as("open"), self.reading() as connection:
+            row = connection.execute(self.sql["key_current"], (checked_key(key),)).fetchone()
+            return None if row is None else str(row[0])
+
+    def key_sessions(self, key: str) -> KeySessions | None:
+        """The key's current session and those it replaced (None: the key names none)."""
+        with self.failing_as("key_sessions"), self.reading() as connection:
+            rows = connection.execute(self.sql["key_sessions"], (checked_key(key),)).fetchall()
+        if not rows:
+            return None
+        current = next((str(row[0]) for row in rows if row[1] is None), None)
+        return KeySessions(key, current, tuple(str(row[0]) for row in rows if row[1] is not None))
 
     def store_path(self, session_id: str) -> Path:
         """What a store of this session calls itself in messages: `DATABASE#SESSION_ID`."""
@@ -243,17 +321,7 @@ class SQLRepository(RepositoryBase):
     ) -> str:
         """A new session's rows (its header line); its id."""
         with self.failing_as("create"):
-            checked_create(
-                {
-                    "provider": provider,
-                    "model": model,
-                    "cwd": cwd,
-                    "environment_identity": environment_identity,
-                }
-                | other
-            )
-            session_id = new_id()
-            header = new_header(provider, model, cwd, environment_identity, session_id)
+            session_id, header = self._new_session(provider, model, cwd, environment_identity, other)
             self._insert(session_id, [header], checked_labels(labels))
             return session_id
 
@@ -267,8 +335,7 @@ class SQLRepository(RepositoryBase):
         self, session_id: str, lines: builtins.list[bytes], labels: builtins.list[str], *, alone: bool = False
     ) -> None:
         """Store a new session's lines, validated by the reducer first."""
-        data = b"".join(lines)
-        state = reduce_bytes(data)
+        state = reduce_bytes(b"".join(lines))  # before the transaction: never under its lock
         with self.transaction() as connection:
             if alone and (other := connection.execute(self.sql["any_session"]).fetchone()):
                 raise SessionExistsError(
@@ -277,24 +344,36 @@ class SQLRepository(RepositoryBase):
                     f"{self.path}#SESSION_ID (with that session_id)",
                     str(self.path),
                 )
-            if connection.execute(self.sql["exists"], (session_id,)).fetchone():
-                raise SessionExistsError(0, f"session {session_id} is already in {self.path}", str(self.path))
-            connection.execute(
-                self.sql["insert_session"],
-                (
-                    session_id,
-                    state.header["createdAt"],
-                    time.time_ns() // 1_000_000,
-                    len(lines),
-                    len(data),
-                    json.dumps(summary_row(state)),
-                    json.dumps(labels),
-                    state.is_idle,
-                ),
-            )
-            connection.cursor().executemany(
-                self.sql["insert"], [(session_id, number, line) for number, line in enumerate(lines, 1)]
-            )
+            self._insert_in(connection, session_id, lines, labels, state)
+
+    def _insert_in(
+        self,
+        connection: Any,
+        session_id: str,
+        lines: builtins.list[bytes],
+        labels: builtins.list[str],
+        state: SessionState,
+    ) -> None:
+        """Insert a new session's rows (`state`: its lines reduced) in the caller's transaction."""
+        data = b"".join(lines)
+        if connection.execute(self.sql["exists"], (session_id,)).fetchone():
+            raise SessionExistsError(0, f"session {session_id} is already in {self.path}", str(self.path))
+        connection.execute(
+            self.sql["insert_session"],
+            (
+                session_id,
+                state.header["createdAt"],
+                time.time_ns() // 1_000_000,
+                len(lines),
+                len(data),
+                json.dumps(summary_row(state)),
+                json.dumps(labels),
+                state.is_idle,
+            ),
+        )
+        connection.cursor().executemany(
+            self.sql["insert"], [(session_id, number, line) for number, line in enumerate(lines, 1)]
+        )
 
     def read(self, session_id: str, connection: Any = None) -> bytes:
         """Every stored byte of a session (its lines, joined)."""
@@ -376,6 +455,9 @@ class SQLRepository(RepositoryBase):
             updated, _, session_id = wanted.cursor.partition(":")
             clauses.append("(updated_at < ? or (updated_at = ? and session_id < ?))")
             values += [int64(int(updated)), int64(int(updated)), session_id]
+        if wanted.key is not None:
+            clauses.append(self.sql["key_filter"])
+            values.append(wanted.key)
         statuses = {wanted.status} if isinstance(wanted.status, str) else set(wanted.status or ())
         if statuses and "corrupt" not in statuses and ("idle" in statuses) != bool(statuses - {"idle"}):
             clauses.append("idle = ?")  # only idle, or only unfinished (an index of these)
@@ -388,10 +470,16 @@ class SQLRepository(RepositoryBase):
             return page(map(self._candidate, connection.execute(query, values)), wanted)
 
     def _candidate(self, row: tuple[Any, ...]) -> Candidate:
-        session_id, created, updated, lines, size, summary, labels, holder = row
+        session_id, created, updated, lines, size, summary, labels, holder, key, replaced_at = row
         fields = orjson.loads(summary)
         fields.update(session_id=session_id, created_at=created, updated_at=updated, lines=lines, bytes=size)
-        return Candidate(fields, tuple(json.loads(labels)), lambda: self.holds(holder, session_id))
+        return Candidate(
+            fields,
+            tuple(json.loads(labels)),
+            lambda: self.holds(holder, session_id),
+            caller_key=key,
+            replaced=replaced_at is not None,
+        )
 
     def latest(self, **filters: Any) -> SessionInfo | None:
         with self.failing_as("latest"):

@@ -6,7 +6,8 @@
 URLs in SQLAlchemy's form: `sqlite:///relative.db` (from the current directory),
 `sqlite:////absolute.db`. Schema (in `schema_version`): `sessions` (one summary row per
 session, updated in the same transaction as each commit) and `lines` (`(session_id, line_no)`
-primary key, each line byte for byte as the JSONL file would hold it, the header as line 1).
+primary key, each line byte for byte as the JSONL file would hold it, the header as line 1)
+and `session_keys` (the sessions of each caller key: `keys`).
 WAL; `synchronous=FULL` for the power class, `NORMAL` for the process class; `foreign_keys=ON`.
 The database is created 0600 before SQLite opens it (its -wal and -shm take its mode);
 `create=False` creates nothing and raises RepositoryNotFoundError for a missing database. A
@@ -72,7 +73,7 @@ from .sql import SQLRepository, gone, statements
 
 # The tables of a sessionlog database (and the columns of `sessions` every version has): a file
 # with any other table, or a `schema_version` sessionlog did not write, is another application's.
-_TABLES = {"sessions", "lines", "schema_version"}
+_TABLES = {"sessions", "lines", "schema_version", "session_keys"}
 _COLUMNS = {"session_id", "head_line", "head_bytes", "summary", "writer", "writer_epoch"}
 
 STEPS = (
@@ -106,6 +107,18 @@ STEPS = (
     """,
     # 3: the writer's lease (`sqlite_holds`)
     lambda connection: _add_column(connection, "lease_expires_at integer"),
+    # 4: caller keys (`keys`): the sessions of each key, at most one of them current
+    """
+    create table if not exists session_keys (
+        session_id text primary key references sessions (session_id) on delete cascade,
+        caller_key text not null,
+        generation integer not null,
+        replaced_at integer,
+        unique (caller_key, generation)
+    ) without rowid;
+    create unique index if not exists session_keys_current on session_keys (caller_key)
+        where replaced_at is null
+    """,
 )
 SCHEMA_VERSION = len(STEPS)
 _SQL = statements(held=sqlite_holds.LIVE_WRITER)
@@ -386,13 +399,18 @@ class SQLiteRepository(SQLRepository):
         if error.sqlite_errorcode & 0xFF not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
             raise os_error(error, self.path) from error
 
-    def open(self, session_id: str, *, take_over: bool = False) -> SessionStore:
-        """The session for writing; SessionLockedError while a live writer holds it.
+    def open(
+        self, session_id: str | None = None, *, key: str | None = None, take_over: bool = False
+    ) -> SessionStore:
+        """The session for writing; SessionLockedError while a live writer holds it. `key=`: the
+        key's current session (KeyNotFoundError when it has none; `keys`).
 
         `take_over=True`: take it from a holder not known to be gone, which is fenced at its next
         commit (nothing it writes lands). A holder is known gone only when it was a process of
         this host that ended; one recorded under another host name (another machine, or this
         container before a restart) is never known gone: whoever knows it is gone takes over."""
+        if key is not None or session_id is None:
+            return self.open_keyed(session_id, key, take_over=take_over)
         with self.failing_as("open", session_id):
             connection = self.connect()
             try:

@@ -27,6 +27,7 @@ import sessionlog
 from sessionlog.core import facts as build
 
 from .blocking import Blocking
+from .repository_keys import KeysContract
 from .sessions import READ_SNAPSHOT
 
 HEADER: dict[str, Any] = {"provider": "openrouter", "model": "test/model", "cwd": "/w"}
@@ -44,9 +45,9 @@ def grow(store: sessionlog.SessionStore) -> None:
     store.commit([build.step_attempt(state.operation["operationId"], context, READ_SNAPSHOT)])
 
 
-class RepositoryContract:
+class RepositoryContract(KeysContract):
     """Mixin: every method of the repository API, one writer per session, fencing, listing,
-    schema migrations. Hooks a repository kind overrides:
+    schema migrations, caller keys (`repository_keys`). Hooks a repository kind overrides:
 
     * `location(where)`: a fresh, empty place under `where` (default: a directory);
     * `downgrade(where)`: turn the repository there into the previous schema version, as the
@@ -598,6 +599,9 @@ class AsyncRepositoryContract(RepositoryContract):
 
     def test_threads_racing_to_label_and_list_one_session(self, tmp_path: Path) -> None:
         pytest.skip("an async repository belongs to one event loop: tasks share it, not threads")
+
+    def test_processes_racing_for_one_key_agree_on_its_session(self, tmp_path: Path) -> None:
+        pytest.skip("the racing processes use the sync API: the sync contract of this kind runs it")
 
     def test_one_repository_shared_by_eight_tasks(self, tmp_path: Path) -> None:
         """The async twin of the eight threads: eight tasks on the repository's loop create,

@@ -1,0 +1,120 @@
+"""Caller keys: a framework's own name for a session (`user-42`, a thread id), in every
+repository kind.
+
+    store = repo.create(provider="openai", model="m", key="user-42")   # open or create
+    with repo.session(key="user-42", tools=tools, model="m") as s: ...  # the same, as the loop
+    store = repo.replace("user-42", provider="openai", model="m")      # a new current session
+    repo.key_sessions("user-42")   # KeySessions(key, current, replaced)
+    repo.list(key="user-42")       # its sessions, each row with `key` and `replaced`
+
+A key names one *current* session, plus the sessions it *replaced* (oldest first): `replace`
+makes a new session current for the key (what an adapter's `clear_session` does) and keeps the
+old one, listed with `replaced=True`, readable, openable by its id. A key is kept apart from
+session ids: `open(session_id)` never looks a key up, `open(key=...)` never reads its text as an
+id (a key may look like a UUID).
+
+* `create(key=K, ...)` and `session(key=K, ...)` open the key's current session for writing, or
+  make one when the key has none (its header and labels then; when it exists they are not
+  applied). Race-free between processes: two processes calling it at once agree on the session,
+  one holds it, the other gets `KeyHeldError` naming the session (one writer per session, as
+  always). `open(key=K)` opens the current session only: `KeyNotFoundError` when there is none.
+* Deleting a key's current session leaves the key without one; its next `create(key=K)` makes a
+  new current session (the replaced ones stay replaced).
+* Kept durably in every kind: SQL repositories in the `session_keys` table (a unique index on
+  the current session of each key), a directory in key records (`directory_keys`), never only in
+  its index (a cache).
+
+Keys are checked at the door (`checked_key`): a str, non-empty, at most `MAX_KEY` characters,
+no NUL, storable as UTF-8 and NFC-stable (the same text in NFC: two spellings of one name would
+otherwise be two keys). A refused key is an `InvalidKeyError` showing the key escaped.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass
+
+from ..core.errors import SessionLockedError, SessionLogError, SessionNotFoundError, shown
+
+MAX_KEY = 256
+"""The longest key, in characters."""
+
+
+class InvalidKeyError(SessionLogError, ValueError):
+    """A caller key that cannot name a session (empty, too long, a NUL, not NFC, not UTF-8)."""
+
+
+class KeyNotFoundError(SessionNotFoundError):
+    """The key names no current session (`open(key=...)`: `create(key=...)` makes one)."""
+
+
+class KeyHeldError(SessionLockedError):
+    """The key's current session is held by another writer. `key` and `session_id` say which:
+    two processes racing to open or create one key agree on `session_id`."""
+
+    def __init__(self, key: str, session_id: str, detail: str) -> None:
+        super().__init__(f"key {escaped(key)} names session {session_id}, held by another writer: {detail}")
+        self.key = key
+        self.session_id = session_id
+
+
+@dataclass(frozen=True)
+class KeySessions:
+    """The sessions of one key: `current` (None once it was deleted) and those it `replaced`,
+    oldest first (those deleted are not listed)."""
+
+    key: str
+    current: str | None
+    replaced: tuple[str, ...] = ()
+
+
+def escaped(key: str) -> str:
+    """A key for a message: quoted, every non-ASCII or control character escaped (a NUL, a lone
+    surrogate, a combining mark are seen as what they are), at most about 100 characters."""
+    if len(key) <= 80:
+        return ascii(key)
+    return f"{key[:60]!a}... ({len(key):,} characters)"
+
+
+def checked_key(key: object) -> str:
+    """`key` if it can name a session; TypeError for a non-str (shown as `shown` shows a wrong
+    value), InvalidKeyError for a str that cannot, naming why and showing it escaped."""
+    if type(key) is not str:
+        raise TypeError(f"a key is a str (the caller's name of a session), not {shown(key)}")
+    problem = None
+    if not key:
+        problem = "it is empty"
+    elif len(key) > MAX_KEY:
+        problem = f"it has {len(key):,} characters, more than {MAX_KEY}"
+    elif "\x00" in key:
+        problem = "it holds a NUL"
+    else:
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            problem = "UTF-8 cannot store it (a lone surrogate)"
+        else:
+            if unicodedata.normalize("NFC", key) != key:
+                problem = f"it is not in NFC (its NFC form is {escaped(unicodedata.normalize('NFC', key))})"
+    if problem is not None:
+        raise InvalidKeyError(
+            f"key {escaped(key)} cannot name a session: {problem} (a key is a non-empty str of at most "
+            f"{MAX_KEY} characters, no NUL, in NFC)"
+        )
+    return key
+
+
+def held_as_key(key: str, session_id: str, error: SessionLockedError) -> KeyHeldError:
+    """The SessionLockedError of opening a key's session, as the key's."""
+    return KeyHeldError(key, session_id, str(error))
+
+
+__all__ = [
+    "MAX_KEY",
+    "InvalidKeyError",
+    "KeyHeldError",
+    "KeyNotFoundError",
+    "KeySessions",
+    "checked_key",
+    "escaped",
+]
