@@ -18,6 +18,10 @@ DIGEST = re.compile(r"sha256:[0-9a-f]{64}").fullmatch
 # ECMAScript's WhiteSpace and LineTerminator: "non-blank" means what String.prototype.trim keeps.
 BLANK = "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"  # noqa: E501
 
+# The user entry a tool ledger (adapters.langgraph_tools) starts each of its runs with: its
+# marker, not a prompt (`sessionlog ls` titles a ledger "(tool ledger)", by its label).
+LEDGER_MARKER_PREFIX = "[sessionlog tool ledger] "
+
 SYNTHETIC_CONTENT = {
     "invalidArguments": "Error: Tool arguments were invalid; the tool was not executed.",
     "unknownTool": "Error: Unknown tool; the tool was not executed.",
