@@ -184,13 +184,17 @@ CREATE_KEYWORDS = ("provider", "model", "cwd", "environment_identity", "labels")
 
 def checked_create(header: dict[str, Any], allowed: Iterable[str] = CREATE_KEYWORDS) -> None:
     """The keywords of a repository's `create`: TypeError for any other (a `session_id=` is
-    never the caller's: the repository makes it), naming the allowed ones, the same in every
-    kind; ValueError for a header string that cannot be stored as UTF-8 (a lone surrogate)."""
+    never the caller's: the repository makes it), naming the allowed ones, or for a missing
+    `provider` or `model`, the same in every kind; ValueError for a header string that cannot
+    be stored as UTF-8 (a lone surrogate)."""
     allowed = tuple(allowed)
     unknown = sorted(key for key in header if key not in allowed)
     if unknown:
         named = ", ".join(keyword_shown(key) for key in unknown)
         raise TypeError(f"create() takes the keywords {', '.join(allowed)}; not {named}")
+    missing = [key for key in ("provider", "model") if key not in header]
+    if missing:
+        raise TypeError(f"create() needs the keywords provider and model; missing {' and '.join(missing)}")
     for key in ("provider", "model", "cwd", "environment_identity"):
         value = header.get(key)
         if isinstance(value, str) and not _encodable(value):

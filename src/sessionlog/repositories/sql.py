@@ -226,21 +226,19 @@ class SQLRepository(RepositoryBase):
             raise ValueError(f"not a session id (a UUIDv7): {shown(session_id)}")
         return session_id
 
-    def _new_session(
-        self,
-        provider: str,
-        model: str,
-        cwd: str | None,
-        environment_identity: str | None,
-        other: dict[str, Any],
-    ) -> tuple[str, bytes]:
-        """A new session's id and header line, its arguments checked (`checked_create`)."""
-        checked_create(
-            {"provider": provider, "model": model, "cwd": cwd, "environment_identity": environment_identity}
-            | other
-        )
+    def _new_session(self, header: dict[str, Any]) -> tuple[str, bytes]:
+        """A new session's id and header line (`provider`, `model`, `cwd`,
+        `environment_identity`), checked first (`checked_create`)."""
+        checked_create(header)
         session_id = new_id()
-        return session_id, new_header(provider, model, cwd, environment_identity, session_id)
+        made = new_header(
+            header["provider"],
+            header["model"],
+            header.get("cwd"),
+            header.get("environment_identity"),
+            session_id,
+        )
+        return session_id, made
 
     def _missing(self, session_id: str) -> SessionNotFoundError:
         return SessionNotFoundError(errno.ENOENT, f"no session {session_id} in {self.path}", str(self.path))
@@ -261,32 +259,22 @@ class SQLRepository(RepositoryBase):
         """Serialise the transactions that bind `key` (SQLite's BEGIN IMMEDIATE already does);
         the unique index on each key's current session is the backstop."""
 
-    def bind_key(
-        self,
-        key: str,
-        *,
-        replace: bool = False,
-        provider: str,
-        model: str,
-        cwd: str | None = None,
-        environment_identity: str | None = None,
-        labels: Iterable[str] = (),
-        **other: Any,
-    ) -> str:
-        """The id of the key's current session, made (with the header given) when it has none or
-        when `replace`: in one transaction with the key's row, the one before it marked replaced."""
+    def bind_key(self, key: str, *, replace: bool = False, labels: Iterable[str] = (), **header: Any) -> str:
+        """The id of the key's current session, made (with the `header` given: `provider`,
+        `model`, `cwd`, `environment_identity`) when it has none or when `replace`: in one
+        transaction with the key's row, the one before it marked replaced."""
         with self.failing_as("replace" if replace else "create"):
             key = checked_key(key)
-            session_id, header = self._new_session(provider, model, cwd, environment_identity, other)
+            session_id, line = self._new_session(header)
             wanted = checked_labels(labels)
-            state = reduce_bytes(header)
+            state = reduce_bytes(line)
             with self.transaction() as connection:
                 self.lock_key(connection, key)
                 if not replace and (row := connection.execute(self.sql["key_current"], (key,)).fetchone()):
                     return str(row[0])
                 generation = connection.execute(self.sql["key_next"], (key,)).fetchone()[0]
                 connection.execute(self.sql["key_replace"], (time.time_ns() // 1_000_000, key))
-                self._insert_in(connection, session_id, [header], wanted, state)
+                self._insert_in(connection, session_id, [line], wanted, state)
                 connection.execute(self.sql["key_insert"], (session_id, key, int(generation)))
             return session_id
 
@@ -309,20 +297,12 @@ class SQLRepository(RepositoryBase):
         """What a store of this session calls itself in messages: `DATABASE#SESSION_ID`."""
         return Path(f"{self.path}#{session_id}")
 
-    def create_row(
-        self,
-        *,
-        provider: str,
-        model: str,
-        cwd: str | None = None,
-        environment_identity: str | None = None,
-        labels: Iterable[str] = (),
-        **other: Any,
-    ) -> str:
-        """A new session's rows (its header line); its id."""
+    def create_row(self, *, labels: Iterable[str] = (), **header: Any) -> str:
+        """A new session's rows (its header line: `provider`, `model`, `cwd`,
+        `environment_identity`); its id."""
         with self.failing_as("create"):
-            session_id, header = self._new_session(provider, model, cwd, environment_identity, other)
-            self._insert(session_id, [header], checked_labels(labels))
+            session_id, line = self._new_session(header)
+            self._insert(session_id, [line], checked_labels(labels))
             return session_id
 
     def insert_header(self, header: bytes, *, alone: bool = False) -> None:

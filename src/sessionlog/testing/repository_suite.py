@@ -298,6 +298,11 @@ class RepositoryContract(KeysContract):
             with pytest.raises(TypeError, match="session_id") as caught:
                 repo.create(**HEADER, session_id="0190a6b2-0000-7000-8000-000000000000")
             assert "provider" in str(caught.value) and "labels" in str(caught.value)
+            for missing in ("provider", "model"):  # a TypeError naming it, with a key too
+                without = {name: value for name, value in HEADER.items() if name != missing}
+                for keyed in ({}, {"key": "k"}):
+                    with pytest.raises(TypeError, match=missing):
+                        repo.create(**without, **keyed)
             assert [(row.session_id, row.labels) for row in repo.list()] == [(session_id, ())]
             data = repo.export(session_id)
             for wrong in (data.decode(), None, 7):
