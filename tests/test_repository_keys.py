@@ -181,3 +181,56 @@ def test_a_damaged_key_record_is_ignored_and_never_blocks_a_bind(tmp_path: Path)
         assert repo.key_sessions("k") == KeySessions("k", session_id, ())
         assert (folder / f"{directory_keys.digest('k')}.2").exists()
         assert [row.key for row in repo.list()] == ["k"]
+
+
+def test_a_symlink_in_place_of_the_key_records_folder_is_never_followed(tmp_path: Path) -> None:
+    """Key records stay inside the repository: a `.sessionlog-keys` that is a symlink (to a
+    folder anywhere) is refused with a typed error, nothing written or removed through it."""
+    outside, repository = tmp_path / "outside", tmp_path / "repository"
+    outside.mkdir()
+    bait = outside / f".{directory_keys.digest('k')}.1.1.{'0' * 12}.linking"  # a dead bind's debris
+    bait.write_text("not yours")
+    sessionlog.repository(repository).close()
+    (repository / directory_keys.KEYS_DIRECTORY).symlink_to(outside)
+    with sessionlog.repository(repository) as repo:
+        with pytest.raises(sessionlog.RepositoryError, match="no directory"):
+            repo.create(**HEADER, key="k")
+        with pytest.raises(sessionlog.RepositoryError, match="no directory"):
+            repo.list()
+        with pytest.raises(sessionlog.RepositoryError, match="no directory"):
+            repo.key_sessions("k")
+    assert sorted(path.name for path in outside.iterdir()) == [bait.name]  # nothing through it
+
+
+def test_hostile_record_names_and_bodies_neither_crash_nor_wedge_a_key(tmp_path: Path) -> None:
+    """A record nested past any parser's depth is ignored; a generation beyond nine digits is no
+    record name (ignored); one at the highest generation is a typed error, never a session made
+    and lost."""
+    sessionlog.repository(tmp_path).close()
+    folder = tmp_path / directory_keys.KEYS_DIRECTORY
+    folder.mkdir()
+    name = directory_keys.digest("k")
+    (folder / f"{name}.1").write_text("[" * 4000 + "]" * 4000)
+    (folder / f"{name}.9999999999999999999").write_text("{}")
+    with sessionlog.repository(tmp_path) as repo:
+        assert repo.key_sessions("k") is None and repo.list() == []
+        with repo.create(**HEADER, key="k") as store:
+            session_id = _id(store)
+        assert repo.key_sessions("k") == KeySessions("k", session_id, ())  # generation 2, read back
+        (folder / f"{directory_keys.digest('j')}.{directory_keys.MAX_GENERATION}").write_text("{}")
+        with pytest.raises(sessionlog.RepositoryError, match="generations"):
+            repo.create(**HEADER, key="j")
+        assert [row.session_id for row in repo.list()] == [session_id]  # no session made for j
+
+
+def test_a_key_shaped_like_a_secret_is_never_echoed_and_a_name_is(tmp_path: Path) -> None:
+    secret = "sk-proj-" + "Q7x" * 14
+    with sessionlog.repository(tmp_path) as repo:
+        for wrong in (secret, secret + "\x00", "e\u0301" + secret):
+            with pytest.raises(sessionlog.SessionLogError) as caught:
+                repo.open(key=wrong)
+            assert "Q7xQ7x" not in str(caught.value), str(caught.value)
+        with pytest.raises(sessionlog.KeyNotFoundError, match="'user-42'"):
+            repo.open(key="user-42")
+        with pytest.raises(TypeError, match=r"^replace\(\) needs"):
+            repo.replace("user-42", provider="p")

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..core.commit import encode_header
-from ..core.errors import SessionLockedError, shown
+from ..core.errors import SessionLockedError, name_shown, shown
 from ..core.framing import lines
 from ..core.ids import new_id
 from ..core.loading import reduce_bytes
-from .keys import KeyNotFoundError, KeySessions, checked_key, escaped, held_as_key
+from .keys import KeyNotFoundError, KeySessions, checked_key, held_as_key
 
 if TYPE_CHECKING:
     from ..core.async_store import AsyncSessionStore
@@ -59,7 +59,7 @@ class RepositoryBase:
         `model`, `cwd`, `environment_identity`, `labels` for it); the key's session before it is
         kept, listed as replaced (`key_sessions`). What an adapter's `clear_session` does."""
         key = checked_key(key)
-        checked_create(header)
+        checked_create(header, call="replace")
         return self.open_key(key, self.bind_key(key, replace=True, **header))  # type: ignore[attr-defined]
 
     def open_key(self, key: str, session_id: str, **options: Any) -> SessionStore:
@@ -109,7 +109,7 @@ class AsyncRepositoryBase:
     async def replace(self, key: str, **header: Any) -> AsyncSessionStore:
         """As the sync `replace`, awaited."""
         key = checked_key(key)
-        checked_create(header)
+        checked_create(header, call="replace")
         session_id = await self._call(self.sync.bind_key, key, replace=True, **header)  # type: ignore[attr-defined]
         return await self.open_key(key, session_id)
 
@@ -137,7 +137,7 @@ class AsyncRepositoryBase:
 def no_current(key: str, where: str) -> KeyNotFoundError:
     return KeyNotFoundError(
         errno.ENOENT,
-        f"key {escaped(key)} names no current session in {where} (create(key=...) makes one)",
+        f"key {name_shown(key)} names no current session in {where} (create(key=...) makes one)",
         where,
     )
 
@@ -182,7 +182,9 @@ def checked_data(data: object) -> bytes:
 CREATE_KEYWORDS = ("provider", "model", "cwd", "environment_identity", "labels")
 
 
-def checked_create(header: dict[str, Any], allowed: Iterable[str] = CREATE_KEYWORDS) -> None:
+def checked_create(
+    header: dict[str, Any], allowed: Iterable[str] = CREATE_KEYWORDS, call: str = "create"
+) -> None:
     """The keywords of a repository's `create`: TypeError for any other (a `session_id=` is
     never the caller's: the repository makes it), naming the allowed ones, or for a missing
     `provider` or `model`, the same in every kind; ValueError for a header string that cannot
@@ -190,20 +192,15 @@ def checked_create(header: dict[str, Any], allowed: Iterable[str] = CREATE_KEYWO
     allowed = tuple(allowed)
     unknown = sorted(key for key in header if key not in allowed)
     if unknown:
-        named = ", ".join(keyword_shown(key) for key in unknown)
-        raise TypeError(f"create() takes the keywords {', '.join(allowed)}; not {named}")
+        named = ", ".join(name_shown(key) for key in unknown)
+        raise TypeError(f"{call}() takes the keywords {', '.join(allowed)}; not {named}")
     missing = [key for key in ("provider", "model") if key not in header]
     if missing:
-        raise TypeError(f"create() needs the keywords provider and model; missing {' and '.join(missing)}")
+        raise TypeError(f"{call}() needs the keywords provider and model; missing {' and '.join(missing)}")
     for key in ("provider", "model", "cwd", "environment_identity"):
         value = header.get(key)
         if isinstance(value, str) and not _encodable(value):
             raise ValueError(f"{key} is text that UTF-8 can store (no lone surrogate), not {shown(value)}")
-
-
-def keyword_shown(key: str) -> str:
-    """A keyword the caller wrote in code, shown as it is when it is a short identifier."""
-    return key if key.isascii() and key.isidentifier() and len(key) <= 40 else shown(key)
 
 
 def _encodable(text: str) -> bool:

@@ -20,25 +20,29 @@ generation (none while that session is deleted); the lower ones are those it rep
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
-import json
 import os
 import re
 import secrets
+import stat
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+
 from ..backends.side_files import process_alive
-from ..core.errors import RepositoryError, SessionPathError
+from ..core.errors import RepositoryError, SessionPathError, name_shown
 from ..core.regular_files import open_regular
 from .directory_removal import sync_directory
-from .keys import KeySessions, escaped
+from .keys import KeySessions
 
 KEYS_DIRECTORY = ".sessionlog-keys"
-_RECORD = re.compile(r"([0-9a-f]{64})\.([1-9][0-9]{0,18})")
+_RECORD = re.compile(r"([0-9a-f]{64})\.([1-9][0-9]{0,8})")
+MAX_GENERATION = 999_999_999  # a key's sessions, at most (a record's name: nine digits at most)
 _TEMPORARY = re.compile(r"\.[0-9a-f]{64}\.[0-9]+\.([0-9]+)\.[0-9a-f]{12}\.linking")
 _MODE = 0o600
 _TRIES = 100  # links lost in a row to other processes before a bind gives up
@@ -84,13 +88,14 @@ class KeyRecords:
 
     def _names(self, prefix: str) -> list[str]:
         try:
+            self._check_folder()
             return [entry.name for entry in os.scandir(self.path) if entry.name.startswith(prefix)]
         except FileNotFoundError:
             return []
         except OSError as error:
             raise RepositoryError(
-                "keys", str(self.path.parent), f"cannot read the key records: {error}"
-            ) from error
+                "keys", str(self.path.parent), f"cannot read the key records in {self.path}: {error.strerror}"
+            ) from None
 
     def _records(self, names: list[str]) -> list[Record]:
         found = []
@@ -114,7 +119,7 @@ class KeyRecords:
         if opened is None:
             return None
         try:
-            value = json.loads(os.read(opened[0], 4096))
+            value = orjson.loads(os.read(opened[0], 4096))  # nesting bounded: a ValueError past it
         except (OSError, ValueError):
             return None
         finally:
@@ -137,14 +142,10 @@ class KeyRecords:
         name = f"{digest(key)}.{generation}"
         self._made()
         temporary = self.path / f".{name}.{os.getpid()}.{secrets.token_hex(6)}.linking"
-        body = json.dumps(
-            {
-                "key": key,
-                "session_id": session_id,
-                "generation": generation,
-                "created_at": time.time_ns() // 1_000_000,
-            }
-        ).encode()
+        made = time.time_ns() // 1_000_000
+        body = orjson.dumps(
+            {"key": key, "session_id": session_id, "generation": generation, "created_at": made}
+        )
         try:
             fd = os.open(
                 temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, _MODE
@@ -176,6 +177,12 @@ class KeyRecords:
         try:
             os.mkdir(self.path, 0o700)
         except FileExistsError:
+            try:
+                self._check_folder()
+            except OSError as error:
+                raise SessionPathError(
+                    error.errno, f"{error.strerror} (the key was not bound)", str(self.path)
+                ) from None
             return
         except OSError as error:
             raise SessionPathError(
@@ -185,9 +192,19 @@ class KeyRecords:
             ) from None
         sync_directory(self.path.parent)
 
+    def _check_folder(self) -> None:
+        """FileNotFoundError when the records' folder is missing; NotADirectoryError when its
+        name holds anything but a directory (a symlink is never followed: the records stay in
+        the repository)."""
+        if not stat.S_ISDIR(os.lstat(self.path).st_mode):
+            raise NotADirectoryError(
+                errno.ENOTDIR, "no directory (a symlink is not followed)", str(self.path)
+            )
+
     def remove_debris(self) -> None:
         """The temporaries of dead processes (killed between writing a record and linking it)."""
         try:
+            self._check_folder()
             names = [entry.name for entry in os.scandir(self.path) if entry.name.startswith(".")]
         except OSError:
             return
@@ -213,6 +230,13 @@ def bind(
     the winner's (`replace`: links the next generation after it)."""
     for _ in range(_TRIES):
         found, generation = records.looked_up(key)  # one look: a link lost meanwhile is retried
+        if generation > MAX_GENERATION:  # checked before a session is made for it
+            raise RepositoryError(
+                "replace" if replace else "create",
+                str(records.path.parent),
+                f"key {name_shown(key)} has {MAX_GENERATION:,} generations of records already (a damaged "
+                "folder of key records?); nothing was bound",
+            )
         top = found[-1] if found else None
         if top is not None and not replace and exists(top.session_id):
             return top.session_id
@@ -223,7 +247,7 @@ def bind(
     raise RepositoryError(
         "replace" if replace else "create",
         str(records.path.parent),
-        f"{_TRIES} other processes bound key {escaped(key)} while this one tried; nothing was bound",
+        f"{_TRIES} other processes bound key {name_shown(key)} while this one tried; nothing was bound",
     )
 
 

@@ -26,7 +26,9 @@ id (a key may look like a UUID).
 
 Keys are checked at the door (`checked_key`): a str, non-empty, at most `MAX_KEY` characters,
 no NUL, storable as UTF-8 and NFC-stable (the same text in NFC: two spellings of one name would
-otherwise be two keys). A refused key is an `InvalidKeyError` showing the key escaped.
+otherwise be two keys). A refused key is an `InvalidKeyError` naming the key escaped. Messages
+name a key as written unless it looks like a secret (`core.errors.name_shown`: an API key
+passed as a key is not echoed).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
-from ..core.errors import SessionLockedError, SessionLogError, SessionNotFoundError, shown
+from ..core.errors import SessionLockedError, SessionLogError, SessionNotFoundError, name_shown, shown
 
 MAX_KEY = 256
 """The longest key, in characters."""
@@ -53,7 +55,9 @@ class KeyHeldError(SessionLockedError):
     two processes racing to open or create one key agree on `session_id`."""
 
     def __init__(self, key: str, session_id: str, detail: str) -> None:
-        super().__init__(f"key {escaped(key)} names session {session_id}, held by another writer: {detail}")
+        super().__init__(
+            f"key {name_shown(key)} names session {session_id}, held by another writer: {detail}"
+        )
         self.key = key
         self.session_id = session_id
 
@@ -69,8 +73,9 @@ class KeySessions:
 
 
 def escaped(key: str) -> str:
-    """A key for a message: quoted, every non-ASCII or control character escaped (a NUL, a lone
-    surrogate, a combining mark are seen as what they are), at most about 100 characters."""
+    """A key for a listing (`sessionlog ls`): quoted, every non-ASCII or control character
+    escaped (a NUL, a lone surrogate, a combining mark are seen as what they are), at most about
+    100 characters. A message names it by `name_shown` (which hides a secret-shaped one)."""
     if len(key) <= 80:
         return ascii(key)
     return f"{key[:60]!a}... ({len(key):,} characters)"
@@ -78,30 +83,33 @@ def escaped(key: str) -> str:
 
 def checked_key(key: object) -> str:
     """`key` if it can name a session; TypeError for a non-str (shown as `shown` shows a wrong
-    value), InvalidKeyError for a str that cannot, naming why and showing it escaped."""
+    value), InvalidKeyError for a str that cannot, naming why and the key (`name_shown`)."""
     if type(key) is not str:
         raise TypeError(f"a key is a str (the caller's name of a session), not {shown(key)}")
-    problem = None
-    if not key:
-        problem = "it is empty"
-    elif len(key) > MAX_KEY:
-        problem = f"it has {len(key):,} characters, more than {MAX_KEY}"
-    elif "\x00" in key:
-        problem = "it holds a NUL"
-    else:
-        try:
-            key.encode("utf-8")
-        except UnicodeEncodeError:
-            problem = "UTF-8 cannot store it (a lone surrogate)"
-        else:
-            if unicodedata.normalize("NFC", key) != key:
-                problem = f"it is not in NFC (its NFC form is {escaped(unicodedata.normalize('NFC', key))})"
+    problem = key_problem(key)
     if problem is not None:
         raise InvalidKeyError(
-            f"key {escaped(key)} cannot name a session: {problem} (a key is a non-empty str of at most "
+            f"key {name_shown(key)} cannot name a session: {problem} (a key is a non-empty str of at most "
             f"{MAX_KEY} characters, no NUL, in NFC)"
         )
     return key
+
+
+def key_problem(key: str) -> str | None:
+    """Why the str `key` cannot name a session, or None when it can."""
+    if not key:
+        return "it is empty"
+    if len(key) > MAX_KEY:
+        return f"it has {len(key):,} characters, more than {MAX_KEY}"
+    if "\x00" in key:
+        return "it holds a NUL"
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return "UTF-8 cannot store it (a lone surrogate)"
+    if unicodedata.normalize("NFC", key) != key:
+        return "it is not in NFC (two spellings of one name would be two keys)"
+    return None
 
 
 def held_as_key(key: str, session_id: str, error: SessionLockedError) -> KeyHeldError:
@@ -117,4 +125,5 @@ __all__ = [
     "KeySessions",
     "checked_key",
     "escaped",
+    "key_problem",
 ]
