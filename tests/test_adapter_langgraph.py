@@ -422,3 +422,38 @@ def test_a_graph_without_a_thread_is_refused_before_any_tool_runs(tmp_path: Path
     with pytest.raises(LedgerError, match="needs a thread"):
         graph.compile().invoke({"messages": [HumanMessage("Charge 5.")]})
     assert effects(tmp_path) == []
+
+
+@pytest.mark.parametrize("thread", ["t" * 184, "e\u0301", "nul\x00"])
+def test_a_thread_id_that_cannot_name_a_ledger_is_refused_before_any_tool_runs(
+    tmp_path: Path, thread: str
+) -> None:
+    WORLD.update(dir=str(tmp_path), kill=None)
+    graph = StateGraph(MessagesState)
+    graph.add_node("model", lambda state: {"messages": [ScriptedModel().invoke(state["messages"])]})
+    graph.add_node("tools", ledger_for(tmp_path).tool_node([charge, deploy, bash]))
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", tools_condition)
+    config = {"configurable": {"thread_id": thread}}
+    with pytest.raises(LedgerError, match=r"thread id .* cannot name a tool ledger"):
+        graph.compile().invoke({"messages": [HumanMessage("Charge 5.")]}, config)  # type: ignore[arg-type]
+    assert effects(tmp_path) == []
+
+
+def test_the_docs_example_runs_as_written_twice_on_one_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/langgraph.md's code as it is: each run charges once, with a key of its own."""
+    page = (Path(__file__).parents[1] / "docs" / "langgraph.md").read_text()
+    code = page.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    printed: list[str] = []
+    for _ in range(2):
+        exec(compile(code, "langgraph.md", "exec"), {"print": printed.append})
+    assert printed == ["Charged.", "Charged."]
+    with sessionlog.repository("sqlite:///ledger.db") as repo:
+        (ledger,) = repo.list()
+        results = [
+            entry["content"] for entry in repo.load(ledger.session_id).transcript if entry["role"] == "tool"
+        ]
+    assert len(results) == 2 and results[0] != results[1]  # two charges, two keys

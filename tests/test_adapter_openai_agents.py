@@ -31,6 +31,7 @@ from sessionlog.adapters.openai_agents import (  # noqa: E402
     UnsupportedItemError,
     call_key,
 )
+from sessionlog.adapters.openai_agents_items import UncarriedArgumentsError  # noqa: E402
 from sessionlog.core.shapes import SYNTHETIC_CONTENT  # noqa: E402
 
 set_tracing_disabled(True)
@@ -407,6 +408,70 @@ def test_a_streamed_run_and_failing_tools_match_the_sdk_sqlite_session(tmp_path:
         store.close()
 
 
+def test_arguments_that_are_no_json_object_reach_the_model_as_an_error_and_no_tool_runs(
+    tmp_path: Path,
+) -> None:
+    """A model that sends broken JSON (real ones do): the SDK does not run the tool and tells
+    the model; the log settles the call as not run (`invalidArguments`) and the run goes on to
+    its answer, as under the SDK's own session. Empty arguments are `{}` to the SDK (it runs the
+    tool): they get an intent first."""
+    ran: list[str] = []
+
+    @function_tool
+    def read(path: str) -> str:
+        """Read a file."""
+        ran.append(path)
+        return "text"
+
+    @function_tool
+    def ping() -> str:
+        """Ping."""
+        ran.append("ping")
+        return "pong"
+
+    def steps() -> list[Any]:
+        broken = [
+            function_call("read", "{not json", call_id="c1"),
+            function_call("read", "[1]", call_id="c2"),
+        ]
+        return [broken, [function_call("ping", "", call_id="c3")], [assistant_message("done")]]
+
+    theirs = Runner.run(Agent(name="ops", model=ScriptedModel(steps()), tools=[read, ping]), "Go.")
+    assert asyncio.run(theirs).final_output == "done" and ran == ["ping"]
+    ran.clear()
+    store = open_store(tmp_path / "s.jsonl")
+    session = AgentSession(store, [read, ping])
+    agent = Agent(name="ops", model=ScriptedModel(steps()), tools=session.tools)
+    result = asyncio.run(Runner.run(agent, "Go.", session=session, hooks=session.hooks))
+    assert result.final_output == "done" and ran == ["ping"]
+    state = store.load()
+    assert state.last_finished["outcome"] == "completed"
+    lines = [json.loads(line) for line in (tmp_path / "s.jsonl").read_bytes().splitlines()[1:]]
+    facts = [fact for line in lines for fact in (line if isinstance(line, list) else [line])]
+    intents = [fact["record"] for fact in facts if fact.get("record", {}).get("type") == "toolStarted"]
+    assert [fact["toolCallId"] for fact in intents] == ["c3"]  # the one intent: ping's
+    settled = [entry for entry in state.transcript if entry["role"] == "tool"]
+    assert [entry["content"] for entry in settled[:2]] == [SYNTHETIC_CONTENT["invalidArguments"]] * 2
+
+
+def test_arguments_the_sdk_would_run_with_but_the_log_cannot_hold_end_the_run(tmp_path: Path) -> None:
+    ran: list[float] = []
+
+    @function_tool
+    def scale(factor: float) -> str:
+        """Scale."""
+        ran.append(factor)
+        return "scaled"
+
+    store = open_store(tmp_path / "s.jsonl")
+    session = AgentSession(store, [scale])
+    steps = [[function_call("scale", '{"factor": NaN}', call_id="n1")], [assistant_message("done")]]
+    with pytest.raises(UncarriedArgumentsError, match=r"response.output\[0\].*NaN"):
+        asyncio.run(run_once(session, steps))
+    assert ran == [] and store.load().is_idle  # aborted before the tool could run
+    assert store.load().last_finished["outcome"] == "aborted"
+
+
 def test_killed_after_the_final_answer_the_run_completes(tmp_path: Path) -> None:
     path, ledger = tmp_path / "s.jsonl", Ledger(tmp_path / "ledger")
 
@@ -546,3 +611,47 @@ def test_made_from_a_sessionlog_session_you_already_have(tmp_path: Path) -> None
     assert session.store is store
     asyncio.run(run_once(session, [[assistant_message("Hi.")]], "Hello?"))
     assert store.load().last_finished["outcome"] == "completed"
+
+
+def test_declarations_are_checked_and_name_what_was_wrong(tmp_path: Path) -> None:
+    tools = make_tools(Ledger(tmp_path / "ledger"))
+    store = open_store(tmp_path / "s.jsonl")
+    with pytest.raises(TypeError, match="safe is a collection of tool names"):
+        AgentSession(store, tools, safe="read")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="safe names tools not given: 'reed'"):
+        AgentSession(store, tools, safe={"reed"})
+    with pytest.raises(ValueError, match="unknown kind 'imag'"):
+        AgentSession(store, tools, carry={"imag": "drop"})  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="not 'keep'"):
+        AgentSession(store, tools, carry={"image": "keep"})  # type: ignore[dict-item]
+    repo = sessionlog.repository(tmp_path / "repo")
+    with pytest.raises(TypeError, match="session_id"):
+        asyncio.run(AgentSession.in_repository(repo, None, tools))  # type: ignore[arg-type]
+    with pytest.raises(sessionlog.InvalidKeyError, match="session_id is empty"):
+        asyncio.run(AgentSession.in_repository(repo, "", tools))
+    assert repo.list() == []
+    repo.close()
+
+
+def test_the_docs_example_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/openai-agents.md's code, with a scripted model in place of the SDK's default one."""
+    page = (Path(__file__).parents[1] / "docs" / "openai-agents.md").read_text()
+    code = page.split("```py\n", 1)[1].split("```", 1)[0]
+    assert code.count('Agent(name="ops", ') == 1
+    steps = [
+        [function_call("read", {"path": "notes.txt"}, call_id="r1")],
+        [function_call("charge", {"amount": 5}, call_id="c1")],
+        [assistant_message("Charged 5.")],
+    ]
+    code = code.replace('Agent(name="ops", ', 'Agent(name="ops", model=SCRIPTED, ')
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("charge 5")
+    printed: list[str] = []
+    exec(
+        compile(code, "openai-agents.md", "exec"), {"SCRIPTED": ScriptedModel(steps), "print": printed.append}
+    )
+    assert printed == ["Charged 5."]
+    state = sessionlog.open(tmp_path / "ops.jsonl", "jsonl-fsync").load()
+    assert state.last_finished["outcome"] == "completed"
+    outputs = [entry["content"] for entry in state.transcript if entry["role"] == "tool"]
+    assert outputs[0] == "charge 5" and outputs[1].startswith("charged 5, key sl-")

@@ -90,10 +90,12 @@ from langgraph.prebuilt import ToolNode
 from langgraph.types import Command
 
 from ..core import facts as build
-from ..core.errors import SessionLogError, shown
+from ..core.errors import SessionLogError, name_shown
 from ..core.shapes import LEDGER_MARKER_PREFIX, SYNTHETIC_CONTENT
 from ..core.state import SessionState
 from ..recovery import ToolStart, new_intent, recover
+from ..repositories.base import MAX_LABEL
+from ..repositories.keys import key_problem
 from ..runtime_facts import oversized, oversized_text
 from ..runtime_reconcile import ask, noted, ran_output
 from ..runtime_shared import failure_text, result_facts
@@ -206,7 +208,9 @@ class ToolLedger:
         call = request.tool_call
         call_id = call.get("id")
         if not isinstance(call_id, str) or not call_id:
-            raise LedgerError(f"tool call {shown(call.get('name'))} has no id: the ledger cannot record it")
+            raise LedgerError(
+                f"tool call {name_shown(str(call.get('name')))} has no id: the ledger cannot record it"
+            )
         thread = _thread_id(request.runtime.config)
         message = self._message_of(request.state, call_id)
         tools, configuration = self._declarations(request.runtime.tools)
@@ -505,7 +509,9 @@ def _contract_calls(message: AIMessage) -> list[dict[str, Any]]:
     calls = []
     for call in message.tool_calls:
         if not isinstance(call.get("id"), str) or not call["id"]:
-            raise LedgerError(f"tool call {shown(call.get('name'))} has no id: the ledger cannot record it")
+            raise LedgerError(
+                f"tool call {name_shown(str(call.get('name')))} has no id: the ledger cannot record it"
+            )
         calls.append(build.tool_call(call["id"], call["name"], json.dumps(call["args"], ensure_ascii=False)))
     return calls
 
@@ -553,13 +559,25 @@ def _output_text(name: str, output: Any) -> tuple[str, bool]:
     return tool_output(name, output)
 
 
+MAX_THREAD = MAX_LABEL - len(thread_label(""))
+"""The longest thread id a tool ledger takes, in characters: its label `langgraph-thread:ID` is
+a label (`repositories.base.MAX_LABEL`) and its key a caller key."""
+
+
 def _thread_id(config: Mapping[str, Any] | None) -> str:
     thread = ((config or {}).get("configurable") or {}).get("thread_id")
     if thread is None or thread == "":
         raise LedgerError(
             'the tool ledger needs a thread: invoke the graph with {"configurable": {"thread_id": ...}}'
         )
-    return str(thread)
+    thread = str(thread)
+    problem = (
+        f"it has {len(thread):,} characters, more than {MAX_THREAD}" if len(thread) > MAX_THREAD else None
+    )
+    problem = problem or key_problem(thread_label(thread))
+    if problem is not None:
+        raise LedgerError(f"thread id {name_shown(thread)} cannot name a tool ledger: {problem}")
+    return thread
 
 
 def _run_by_langgraph(arguments: Any, key: str | None = None) -> Any:

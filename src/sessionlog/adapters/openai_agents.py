@@ -76,8 +76,9 @@ from agents import FunctionTool, RunContextWrapper, RunHooks
 from agents.items import ItemHelpers, ModelResponse, TResponseInputItem
 from agents.tool_context import ToolContext
 
-from ..core.errors import SessionLogError, shown
+from ..core.errors import SessionLogError, name_shown, shown
 from ..core.state import SessionState
+from ..repositories.keys import InvalidKeyError
 from ..runtime_async import AsyncAttempt, AsyncRun, AsyncSession, AsyncToolCall
 from ..runtime_shared import SessionBase, next_plan
 from ..tools import ReconcileFunction, Tool
@@ -239,11 +240,14 @@ class AgentSession(RunHooks[Any]):
             other = next(type(tool).__name__ for tool in tools if not isinstance(tool, FunctionTool))
             raise UnsupportedItemError("hosted_tool", "tools", f"a {other} (only function tools are carried)")
         names = {tool.name for tool in function_tools}
+        for what, declared in (("safe", safe), ("idempotent", idempotent)):
+            if isinstance(declared, str):  # a str is iterable: "read" would name r, e, a, d
+                raise TypeError(f"{what} is a collection of tool names ({what}={{'read'}}), not a str")
         safe, idempotent, reconcile = set(safe), set(idempotent), dict(reconcile or {})
         for what, given in (("safe", safe), ("idempotent", idempotent), ("reconcile", set(reconcile))):
             unknown = sorted(given - names)
             if unknown:
-                raise ValueError(f"{what} names tools not given: {', '.join(map(shown, unknown))}")
+                raise ValueError(f"{what} names tools not given: {', '.join(map(name_shown, unknown))}")
         self.store = store
         self.tools = function_tools
         declarations = [
@@ -299,6 +303,10 @@ class AgentSession(RunHooks[Any]):
         does not hold it gets `KeyHeldError` naming it. `clear_session` replaces the key's
         session with a new one and keeps the old one (listed as replaced, readable, by
         `repository.key_sessions(key)`). `options` go to `AgentSession`."""
+        if type(session_id) is not str:
+            raise TypeError(f"session_id is the SDK's id of the session, a str, not {shown(session_id)}")
+        if not session_id:
+            raise InvalidKeyError("session_id is empty: the SDK's id of a session names it")
         model = str(options.get("model", "openai-agents"))
         key = KEY_PREFIX + session_id
         store = await _maybe(repository.create(provider=provider, model=model, key=key))
@@ -402,8 +410,8 @@ class AgentSession(RunHooks[Any]):
             undeclared = [call["name"] for call in answer.calls if call["name"] not in self.runtime.tools]
             if undeclared:
                 raise UndeclaredToolError(
-                    f"the model called {', '.join(map(shown, undeclared))}, not among the session's tools "
-                    "(AgentSession(store, agent.tools)): not run"
+                    f"the model called {', '.join(map(name_shown, undeclared))}, not among the session's "
+                    "tools (AgentSession(store, agent.tools)): not run"
                 )
         except SessionLogError as error:
             await attempt.fail("unsupported_content", f"{type(error).__name__}: {error}")
@@ -427,12 +435,25 @@ class AgentSession(RunHooks[Any]):
                 started = await self._current_run().start_tools()
                 self._calls = {str(call.start.intent["toolCallId"]): call for call in started}
         call = self._calls.get(call_id)
+        if call is None and await self._settled_unrun(call_id):
+            return  # its arguments are no JSON object: settled as not run, and the SDK runs no tool
         if call is None:
             raise UndeclaredToolError(
-                f"tool {shown(getattr(tool, 'name', '?'))} (call {shown(call_id)}) has no intent in the "
-                "session: not run"
+                f"tool {name_shown(str(getattr(tool, 'name', '?')))} (call {name_shown(call_id)}) has no "
+                "intent in the session: not run"
             )
         _hold_key(context, call.key)
+
+    async def _settled_unrun(self, call_id: str) -> bool:
+        """Whether the step settled call `call_id` before it could run, without an intent (its
+        arguments are no JSON object: the contract's `invalidArguments`, which the SDK refuses
+        too, before the tool's body, when it cannot read them; `items.arguments_of`)."""
+        state = await self.runtime.state()
+        for index, call in enumerate(state.settled_calls):
+            if call["id"] == call_id:
+                started = any(tool["toolCallId"] == call_id for tool in state.tool_calls)
+                return state.has_outcome(index) and not started
+        return False
 
     async def on_tool_end(
         self, context: RunContextWrapper[Any], agent: Any, tool: Any, result: object
@@ -466,7 +487,7 @@ class AgentSession(RunHooks[Any]):
             for tool in state.tool_calls
         ):
             return
-        text, drops = output_text(output, self.carry, f"the output of call {shown(call_id)}")
+        text, drops = output_text(output, self.carry, f"the output of call {name_shown(call_id)}")
         await call.finish(text)
         self.carry.count(drops)
 

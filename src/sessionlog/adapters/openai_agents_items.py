@@ -14,6 +14,7 @@ without ids; an invented id could name no server item).
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from typing import Any, Literal
 
 import orjson
 
-from ..core.errors import SessionLogError, shown
+from ..core.errors import SessionLogError, name_shown, shown
 
 Choice = Literal["refuse", "drop"]
 
@@ -73,6 +74,12 @@ class UnsupportedItemError(SessionLogError, ValueError):
         )
 
 
+class UncarriedArgumentsError(SessionLogError, ValueError):
+    """A function call whose arguments the SDK reads as a JSON object (it would run the tool)
+    but canonical JSON cannot hold (NaN, Infinity, an integer beyond 64 bits, a lone
+    surrogate): its intent cannot be written, so the run ends before the tool could run."""
+
+
 @dataclass
 class Carry:
     """The caller's choice for each kind (`refuse` unless given) and what was dropped so far."""
@@ -83,9 +90,12 @@ class Carry:
     def __post_init__(self) -> None:
         for kind, choice in self.choices.items():
             if kind not in KINDS:
-                raise ValueError(f"carry: unknown kind {shown(kind)} (the kinds: {', '.join(KINDS)})")
+                raise ValueError(
+                    f"carry: unknown kind {name_shown(str(kind))} (the kinds: {', '.join(KINDS)})"
+                )
             if choice not in ("refuse", "drop"):
-                raise ValueError(f"carry[{kind!r}] is 'refuse' or 'drop', not {shown(choice)}")
+                wrong = name_shown(choice) if isinstance(choice, str) else shown(choice)
+                raise ValueError(f"carry[{kind!r}] is 'refuse' or 'drop', not {wrong}")
 
     def check(self, kind: str, where: str, what: str) -> None:
         """Refuse (raise) or note the drop of one part of `kind`; call `count` once written."""
@@ -145,6 +155,29 @@ def prompt_text(items: Sequence[Any], carry: Carry) -> tuple[str, list[str]]:
     return _text_of(_get(items[0], "content"), carry, "input[0]", drops), drops
 
 
+def arguments_of(raw: Any, where: str) -> Any:
+    """A function call's arguments as the log keeps them, read as the SDK reads them before it
+    runs a tool (`json.loads`, an empty string being `{}`): text that is no JSON object stays as
+    it is (the log settles the call as `invalidArguments`, and the SDK does not run the tool);
+    an object the SDK would run with but canonical JSON cannot hold is refused."""
+    if raw == "":
+        return "{}"
+    try:
+        read = json.loads(raw)
+    except (TypeError, ValueError, RecursionError):
+        return raw
+    if type(read) is dict:
+        try:
+            orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise UncarriedArgumentsError(
+                f"{where}: arguments the SDK would run the tool with, which canonical JSON cannot hold "
+                "(NaN, Infinity, an integer beyond 64 bits or a lone surrogate): the run ends, the tool "
+                "did not run"
+            ) from None
+    return raw
+
+
 @dataclass
 class Answer:
     """A model response in sessionlog's terms: its text, its function calls (`{id, name,
@@ -173,12 +206,9 @@ def answer_of(output: Sequence[Any], carry: Carry) -> Answer:
                 continue
             texts.append(_text_of(_get(item, "content"), carry, where, drops))
         elif kind_name == "function_call":
+            call_id, name = str(_get(item, "call_id")), str(_get(item, "name"))
             calls.append(
-                {
-                    "id": str(_get(item, "call_id")),
-                    "name": str(_get(item, "name")),
-                    "arguments": _get(item, "arguments"),
-                }
+                {"id": call_id, "name": name, "arguments": arguments_of(_get(item, "arguments"), where)}
             )
         else:
             kind = (
