@@ -412,21 +412,18 @@ def test_a_declaration_naming_no_tool_of_the_node_is_refused(tmp_path: Path) -> 
         ledger.tool_node([charge])
 
 
-def test_a_graph_without_a_thread_is_refused_before_any_tool_runs(tmp_path: Path) -> None:
-    WORLD.update(dir=str(tmp_path), kill=None)
-    graph = StateGraph(MessagesState)
-    graph.add_node("model", lambda state: {"messages": [ScriptedModel().invoke(state["messages"])]})
-    graph.add_node("tools", ledger_for(tmp_path).tool_node([charge, deploy, bash]))
-    graph.add_edge(START, "model")
-    graph.add_conditional_edges("model", tools_condition)
-    with pytest.raises(LedgerError, match="needs a thread"):
-        graph.compile().invoke({"messages": [HumanMessage("Charge 5.")]})
-    assert effects(tmp_path) == []
-
-
-@pytest.mark.parametrize("thread", ["t" * 184, "e\u0301", "nul\x00"])
-def test_a_thread_id_that_cannot_name_a_ledger_is_refused_before_any_tool_runs(
-    tmp_path: Path, thread: str
+@pytest.mark.parametrize(
+    ("thread", "refusal"),
+    [
+        (None, "needs a thread"),
+        ("t" * 184, "thread id .* cannot name a tool ledger: it has 184 characters"),
+        ("e\u0301", "thread id .* cannot name a tool ledger: it is not in NFC"),
+        ("nul\x00", "thread id .* cannot name a tool ledger: it holds a NUL"),
+    ],
+    ids=["none", "too-long", "not-nfc", "nul"],
+)
+def test_a_graph_without_a_thread_a_ledger_can_name_is_refused_before_any_tool_runs(
+    tmp_path: Path, thread: str | None, refusal: str
 ) -> None:
     WORLD.update(dir=str(tmp_path), kill=None)
     graph = StateGraph(MessagesState)
@@ -434,8 +431,8 @@ def test_a_thread_id_that_cannot_name_a_ledger_is_refused_before_any_tool_runs(
     graph.add_node("tools", ledger_for(tmp_path).tool_node([charge, deploy, bash]))
     graph.add_edge(START, "model")
     graph.add_conditional_edges("model", tools_condition)
-    config = {"configurable": {"thread_id": thread}}
-    with pytest.raises(LedgerError, match=r"thread id .* cannot name a tool ledger"):
+    config = {} if thread is None else {"configurable": {"thread_id": thread}}
+    with pytest.raises(LedgerError, match=refusal):
         graph.compile().invoke({"messages": [HumanMessage("Charge 5.")]}, config)  # type: ignore[arg-type]
     assert effects(tmp_path) == []
 

@@ -463,13 +463,15 @@ def test_arguments_the_sdk_would_run_with_but_the_log_cannot_hold_end_the_run(tm
         ran.append(factor)
         return "scaled"
 
-    store = open_store(tmp_path / "s.jsonl")
-    session = AgentSession(store, [scale])
-    steps = [[function_call("scale", '{"factor": NaN}', call_id="n1")], [assistant_message("done")]]
-    with pytest.raises(UncarriedArgumentsError, match=r"response.output\[0\].*NaN"):
-        asyncio.run(run_once(session, steps))
-    assert ran == [] and store.load().is_idle  # aborted before the tool could run
-    assert store.load().last_finished["outcome"] == "aborted"
+    for index, arguments in enumerate(['{"factor": NaN}', '{"factor": 18446744073709551616}']):
+        store = open_store(tmp_path / f"s{index}.jsonl")
+        session = AgentSession(store, [scale])
+        steps = [[function_call("scale", arguments, call_id="n1")], [assistant_message("done")]]
+        with pytest.raises(UncarriedArgumentsError, match=r"response.output\[0\].*NaN"):
+            asyncio.run(run_once(session, steps))
+        assert ran == [] and store.load().is_idle  # aborted before the tool could run
+        assert store.load().last_finished["outcome"] == "aborted"
+        store.close()
 
 
 def test_killed_after_the_final_answer_the_run_completes(tmp_path: Path) -> None:

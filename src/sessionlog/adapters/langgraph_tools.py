@@ -95,7 +95,7 @@ from ..core.shapes import LEDGER_MARKER_PREFIX, SYNTHETIC_CONTENT
 from ..core.state import SessionState
 from ..recovery import ToolStart, new_intent, recover
 from ..repositories.base import MAX_LABEL
-from ..repositories.keys import key_problem
+from ..repositories.keys import key_problem, key_shown
 from ..runtime_facts import oversized, oversized_text
 from ..runtime_reconcile import ask, noted, ran_output
 from ..runtime_shared import failure_text, result_facts
@@ -576,7 +576,7 @@ def _thread_id(config: Mapping[str, Any] | None) -> str:
     )
     problem = problem or key_problem(thread_label(thread))
     if problem is not None:
-        raise LedgerError(f"thread id {name_shown(thread)} cannot name a tool ledger: {problem}")
+        raise LedgerError(f"thread id {key_shown(thread)} cannot name a tool ledger: {problem}")
     return thread
 
 

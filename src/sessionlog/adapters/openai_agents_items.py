@@ -168,14 +168,28 @@ def arguments_of(raw: Any, where: str) -> Any:
         return raw
     if type(read) is dict:
         try:
-            orjson.loads(raw)
+            kept = orjson.loads(raw)
         except orjson.JSONDecodeError:
+            kept = None
+        if not _same(read, kept):  # what the log would record is not what the tool would get
             raise UncarriedArgumentsError(
                 f"{where}: arguments the SDK would run the tool with, which canonical JSON cannot hold "
                 "(NaN, Infinity, an integer beyond 64 bits or a lone surrogate): the run ends, the tool "
                 "did not run"
             ) from None
     return raw
+
+
+def _same(read: Any, kept: Any) -> bool:
+    """Whether two parsed JSON values are the same, type for type (orjson reads an integer
+    beyond 64 bits as a float: equal in value, perhaps, but not what the SDK passes the tool)."""
+    if type(read) is not type(kept):
+        return False
+    if isinstance(read, dict):
+        return read.keys() == kept.keys() and all(_same(read[key], kept[key]) for key in read)
+    if isinstance(read, list):
+        return len(read) == len(kept) and all(_same(a, b) for a, b in zip(read, kept, strict=True))
+    return bool(read == kept)
 
 
 @dataclass

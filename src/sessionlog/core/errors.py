@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -61,19 +60,11 @@ def shown(value: object) -> str:
 
 SHOWN_PREFIX = 8  # characters, at most, of a string in a message (see `shown`)
 
-# How a secret looks and a name does not: a run of 20 or more letters, digits, `+`, `/` or `=`
-# (an API key's random part, a token, a generated password); names break theirs with `-`, `_`,
-# `.` or a space (`user-42`, `get_weather`, a UUID).
-_SECRET_SHAPED = re.compile(r"[A-Za-z0-9+/=]{20,}")
-
 
 def name_shown(name: str) -> str:
-    """A name the caller chose (a tool, a keyword, a kind, a caller key) for a message: as
-    written, quoted, every non-ASCII or control character escaped, at most about 100 characters,
-    so that the message says which one; as `shown` shows a value when it looks like a secret
-    instead (a run of 20 letters and digits: an API key passed where a name goes)."""
-    if _SECRET_SHAPED.search(name):
-        return shown(name)
+    """A name written in code (a tool's, a kind's) for a message: as written, quoted, every
+    non-ASCII or control character escaped, at most about 100 characters, so that the message
+    says which one. Never for a value, which may be a secret: that is `shown`."""
     if len(name) <= 80:
         return ascii(name)
     return f"{name[:60]!a}... ({len(name):,} characters)"

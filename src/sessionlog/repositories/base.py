@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..core.commit import encode_header
-from ..core.errors import SessionLockedError, name_shown, shown
+from ..core.errors import SessionLockedError, shown
 from ..core.framing import lines
 from ..core.ids import new_id
 from ..core.loading import reduce_bytes
-from .keys import KeyNotFoundError, KeySessions, checked_key, held_as_key
+from .keys import KeyNotFoundError, KeySessions, checked_key, held_as_key, key_shown
 
 if TYPE_CHECKING:
     from ..core.async_store import AsyncSessionStore
@@ -135,11 +135,13 @@ class AsyncRepositoryBase:
 
 
 def no_current(key: str, where: str) -> KeyNotFoundError:
-    return KeyNotFoundError(
+    error = KeyNotFoundError(
         errno.ENOENT,
-        f"key {name_shown(key)} names no current session in {where} (create(key=...) makes one)",
+        f"key {key_shown(key)} names no current session in {where} (create(key=...) makes one)",
         where,
     )
+    error.key = key
+    return error
 
 
 def fork_bytes(data: bytes, session_id: str, at_seq: int) -> tuple[str, bytes]:
@@ -192,7 +194,7 @@ def checked_create(
     allowed = tuple(allowed)
     unknown = sorted(key for key in header if key not in allowed)
     if unknown:
-        named = ", ".join(name_shown(key) for key in unknown)
+        named = ", ".join(keyword_shown(key) for key in unknown)
         raise TypeError(f"{call}() takes the keywords {', '.join(allowed)}; not {named}")
     missing = [key for key in ("provider", "model") if key not in header]
     if missing:
@@ -201,6 +203,11 @@ def checked_create(
         value = header.get(key)
         if isinstance(value, str) and not _encodable(value):
             raise ValueError(f"{key} is text that UTF-8 can store (no lone surrogate), not {shown(value)}")
+
+
+def keyword_shown(key: str) -> str:
+    """A keyword the caller wrote in code, shown as it is when it is a short identifier."""
+    return key if key.isascii() and key.isidentifier() and len(key) <= 40 else shown(key)
 
 
 def _encodable(text: str) -> bool:

@@ -49,7 +49,8 @@ def open_sqlite(location: str, **options: Any) -> Any:
     takes only `SQLITE_KEYS`, each once, with a value (lower case, as the keywords)."""
     from urllib.parse import parse_qsl, unquote
 
-    from ..core.errors import name_shown, shown
+    from ..core.errors import shown
+    from .base import keyword_shown
     from .sqlite import SQLiteRepository
 
     path, hashed, fragment = location.partition("#")
@@ -73,7 +74,7 @@ def open_sqlite(location: str, **options: Any) -> Any:
     taken: dict[str, str] = {}
     for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
         if key not in SQLITE_KEYS:
-            raise ValueError(f"a SQLite URL's query takes {', '.join(SQLITE_KEYS)}, not {name_shown(key)}")
+            raise ValueError(f"a SQLite URL's query takes {', '.join(SQLITE_KEYS)}, not {keyword_shown(key)}")
         if key in taken:
             raise ValueError(f"{key} is given twice in the SQLite URL's query; give it once")
         if not value:

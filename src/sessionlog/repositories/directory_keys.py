@@ -35,10 +35,10 @@ from pathlib import Path
 import orjson
 
 from ..backends.side_files import process_alive
-from ..core.errors import RepositoryError, SessionPathError, name_shown
+from ..core.errors import RepositoryError, SessionPathError
 from ..core.regular_files import open_regular
 from .directory_removal import sync_directory
-from .keys import KeySessions
+from .keys import KeySessions, key_shown
 
 KEYS_DIRECTORY = ".sessionlog-keys"
 _RECORD = re.compile(r"([0-9a-f]{64})\.([1-9][0-9]{0,8})")
@@ -234,7 +234,7 @@ def bind(
             raise RepositoryError(
                 "replace" if replace else "create",
                 str(records.path.parent),
-                f"key {name_shown(key)} has {MAX_GENERATION:,} generations of records already (a damaged "
+                f"key {key_shown(key)} has {MAX_GENERATION:,} generations of records already (a damaged "
                 "folder of key records?); nothing was bound",
             )
         top = found[-1] if found else None
@@ -247,7 +247,7 @@ def bind(
     raise RepositoryError(
         "replace" if replace else "create",
         str(records.path.parent),
-        f"{_TRIES} other processes bound key {name_shown(key)} while this one tried; nothing was bound",
+        f"{_TRIES} other processes bound key {key_shown(key)} while this one tried; nothing was bound",
     )
 
 

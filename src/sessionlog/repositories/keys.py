@@ -26,9 +26,8 @@ id (a key may look like a UUID).
 
 Keys are checked at the door (`checked_key`): a str, non-empty, at most `MAX_KEY` characters,
 no NUL, storable as UTF-8 and NFC-stable (the same text in NFC: two spellings of one name would
-otherwise be two keys). A refused key is an `InvalidKeyError` naming the key escaped. Messages
-name a key as written unless it looks like a secret (`core.errors.name_shown`: an API key
-passed as a key is not echoed).
+otherwise be two keys). Messages name a key whole when it is short and by its length and first
+characters when it is long (`key_shown`: an API key passed as a key is not echoed).
 """
 
 from __future__ import annotations
@@ -36,18 +35,24 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
-from ..core.errors import SessionLockedError, SessionLogError, SessionNotFoundError, name_shown, shown
+from ..core.errors import SHOWN_PREFIX, SessionLockedError, SessionLogError, SessionNotFoundError, shown
 
 MAX_KEY = 256
 """The longest key, in characters."""
 
 
 class InvalidKeyError(SessionLogError, ValueError):
-    """A caller key that cannot name a session (empty, too long, a NUL, not NFC, not UTF-8)."""
+    """A caller key that cannot name a session (empty, too long, a NUL, not NFC, not UTF-8).
+    `key` is the key refused."""
+
+    key: str
 
 
 class KeyNotFoundError(SessionNotFoundError):
-    """The key names no current session (`open(key=...)`: `create(key=...)` makes one)."""
+    """The key names no current session (`open(key=...)`: `create(key=...)` makes one). `key`
+    says which."""
+
+    key: str
 
 
 class KeyHeldError(SessionLockedError):
@@ -55,9 +60,7 @@ class KeyHeldError(SessionLockedError):
     two processes racing to open or create one key agree on `session_id`."""
 
     def __init__(self, key: str, session_id: str, detail: str) -> None:
-        super().__init__(
-            f"key {name_shown(key)} names session {session_id}, held by another writer: {detail}"
-        )
+        super().__init__(f"key {key_shown(key)} names session {session_id}, held by another writer: {detail}")
         self.key = key
         self.session_id = session_id
 
@@ -72,10 +75,25 @@ class KeySessions:
     replaced: tuple[str, ...] = ()
 
 
+SHOWN_WHOLE = 16
+"""The longest key a message shows whole (`key_shown`)."""
+
+
+def key_shown(key: str) -> str:
+    """A key for a message: whole (escaped) when it is at most `SHOWN_WHOLE` characters, as a
+    name is (`user-42`, `thread_abc123`); a longer one as `shown` shows a value, its length and
+    at most its first 8 characters (a UUID's first group says which one; an API key passed as a
+    key by mistake keeps its random part hidden). The key itself is the error's `key`."""
+    if len(key) <= SHOWN_WHOLE:
+        return ascii(key)
+    prefix = key[: min(SHOWN_PREFIX, len(key) // 4)]
+    return f"a key of {len(key):,} characters starting {prefix!a}"
+
+
 def escaped(key: str) -> str:
     """A key for a listing (`sessionlog ls`): quoted, every non-ASCII or control character
     escaped (a NUL, a lone surrogate, a combining mark are seen as what they are), at most about
-    100 characters. A message names it by `name_shown` (which hides a secret-shaped one)."""
+    100 characters. A message names it by `key_shown` (which never shows a long one whole)."""
     if len(key) <= 80:
         return ascii(key)
     return f"{key[:60]!a}... ({len(key):,} characters)"
@@ -83,15 +101,17 @@ def escaped(key: str) -> str:
 
 def checked_key(key: object) -> str:
     """`key` if it can name a session; TypeError for a non-str (shown as `shown` shows a wrong
-    value), InvalidKeyError for a str that cannot, naming why and the key (`name_shown`)."""
+    value), InvalidKeyError for a str that cannot, naming why and the key (`key_shown`)."""
     if type(key) is not str:
         raise TypeError(f"a key is a str (the caller's name of a session), not {shown(key)}")
     problem = key_problem(key)
     if problem is not None:
-        raise InvalidKeyError(
-            f"key {name_shown(key)} cannot name a session: {problem} (a key is a non-empty str of at most "
+        error = InvalidKeyError(
+            f"key {key_shown(key)} cannot name a session: {problem} (a key is a non-empty str of at most "
             f"{MAX_KEY} characters, no NUL, in NFC)"
         )
+        error.key = key
+        raise error
     return key
 
 
