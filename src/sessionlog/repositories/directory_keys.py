@@ -15,6 +15,10 @@ generation (none while that session is deleted); the lower ones are those it rep
 * The session file is made before its record is linked, so a record never names a session not
   yet there; a process killed between the two leaves a session no key names (listed, unkeyed).
   Temporaries of dead processes are removed when the repository opens.
+* The records stay inside the repository: `.sessionlog-keys` is used only when it is a
+  directory, never through a symlink (`_check_folder`, before each use). A process that could
+  swap it for a symlink between that check and the use can write the session files themselves
+  anyway: the repository's directory is trusted as its owner's.
 """
 
 from __future__ import annotations
