@@ -50,7 +50,6 @@ import re
 import secrets
 import socket
 import time
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -70,6 +69,7 @@ from .leases import Heartbeat, Key
 from .locations import mask_in, masked
 from .postgres_pool import Lender, readable
 from .postgres_schema import KEY_LOCK, check_class, migrate_schema
+from .postgres_session import PostgresSession
 from .rows import SessionRows
 from .sql import SQLRepository, gone, statements
 
@@ -537,59 +537,6 @@ class PostgresRepository(SQLRepository):
             if len(candidates) < 64:
                 return None
             after = (candidates[-1][3], candidates[-1][0])
-
-
-class PostgresSession(SessionRows):
-    """One session as a sync store's backend: each commit one transaction, on the connection the
-    store holds (`PostgresRepository.commit_alone`) or on one lent for it."""
-
-    repository: PostgresRepository
-
-    def __init__(self, repository: PostgresRepository, session_id: str, epoch: int) -> None:
-        super().__init__(repository, session_id, epoch)
-        self._connection: list[Any] = []  # [held connection, last used], or nothing held
-        if epoch:
-            repository.heartbeat.attach((session_id, epoch), self)
-        # A store dropped without close() gives its held connection back once collected.
-        self._dropped = weakref.finalize(self, _give_back, repository.lender, self._connection)
-
-    def read(self) -> bytes:
-        with self.repository.failing_as("open", self.session_id), self.repository.reading() as connection:
-            return self.load(connection)
-
-    def truncate(self, length: int) -> None:
-        with self.repository.failing_as("open", self.session_id), self.repository.reading() as connection:
-            self.cut(connection, length)
-
-    def append(self, line: bytes) -> None:
-        # First, so a store of a closed repository is told its commit was not written (its hold
-        # ended with the repository), not the unknown outcome of a failed write.
-        self.repository.check_hold(self)
-        with self.repository.failing_as("commit", self.session_id):
-            self.repository.commit_alone(self, (line,), self._connection)
-
-    def close(self) -> None:
-        """Give the held connection back, and release the hold at best effort, never waiting
-        long: a release that cannot be written leaves a lease that runs out (the heartbeat
-        stopped renewing it)."""
-        self._dropped()
-        repository = self.repository
-        if self.epoch:
-            repository.forget_hold(self.session_id, self.epoch)
-            if not repository.closed:
-                with (
-                    contextlib.suppress(Exception),
-                    repository.lent(timeout=repository.lease_seconds / 3) as connection,
-                ):
-                    self.release(connection)
-
-
-def _give_back(lender: Lender, held: list[Any]) -> None:
-    if held:
-        connection = held[0]
-        held.clear()
-        with contextlib.suppress(Exception):  # a pool gone already
-            lender.give_back(connection)
 
 
 def _columns(keys: Sequence[Key]) -> tuple[list[str], list[int]]:

@@ -384,7 +384,7 @@ class PathSessions:
         return self.ids[key]
 
     def open_sync(self, path: Path, *, create: bytes | None = None, lock: bool = True) -> Any:
-        from ..repositories.postgres import PostgresSession
+        from ..repositories.postgres_session import PostgresSession
 
         repository = self.repository()
         session_id = self.session_id(path, create)
