@@ -119,7 +119,10 @@ def test_a_read_and_an_idempotent_tool_never_replay_as_each_other() -> None:
     as_idempotent = sessionlog.Tool("t", lambda arguments, key: "", idempotent=True)
     assert as_idempotent.replay == "safe" and as_idempotent.keyed and not as_read.keyed
     assert as_read.key != as_idempotent.key  # changing one into the other blocks an old replay
-    assert sessionlog.Tool("t", read, idempotent=True, replay_key="mine:v1").key == "mine:v1"
+    assert (
+        sessionlog.Tool("t", lambda arguments, key: "", idempotent=True, replay_key="mine:v1").key
+        == "mine:v1"
+    )
 
 
 def test_a_fork_keeps_a_pending_call_s_key(tmp_path: Path) -> None:

@@ -50,7 +50,8 @@ from .repositories.keys import InvalidKeyError, KeyHeldError, KeyNotFoundError, 
 from .runtime import Attempt, Run, RunBlockedError, RuntimeStateError, Session, ToolCall
 from .runtime_blocked import Blocked
 from .runtime_errors import RunOverError
-from .tools import Configuration, Tool, Tools
+from .runtime_reconcile import Reconciled
+from .tools import Configuration, DidNotRun, Ran, Tool, Tools, Unknown
 
 if TYPE_CHECKING:
     from .core.async_store import AsyncSessionStore
@@ -89,12 +90,15 @@ __all__ = [
     "ConfigurationError",
     "ContractError",
     "CorruptionError",
+    "DidNotRun",
     "DirectoryRepository",
     "DurabilityUnavailableError",
     "InvalidKeyError",
     "KeyHeldError",
     "KeyNotFoundError",
     "KeySessions",
+    "Ran",
+    "Reconciled",
     "ReentrantCallError",
     "RepositoryError",
     "RepositoryNotFoundError",
@@ -119,6 +123,7 @@ __all__ = [
     "ToolCall",
     "ToolStart",
     "Tools",
+    "Unknown",
     "UnknownBackendError",
     "Usage",
     "ValidationError",

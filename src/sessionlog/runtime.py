@@ -162,7 +162,9 @@ class Session(SessionBase):
         its reported result, run it now with the same key, or settle it as interrupted."""
         tool = self.tools[start.tool_name]
         answer = ask(tool, start)
-        decided = decision(tool, start, answer)
+        reconciled = decision(tool, start, answer)
+        self.reconciled.append(reconciled)
+        decided = reconciled.decision
         call = ToolCall(self, start, begun=True)
         if decided == "ran":
             assert isinstance(answer, Ran)

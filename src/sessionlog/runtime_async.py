@@ -98,7 +98,9 @@ class AsyncSession(SessionBase):
         """`Session.reconcile`, awaited (`runtime_reconcile.ask_async`)."""
         tool = self.tools[start.tool_name]
         answer = await ask_async(tool, start)
-        decided = decision(tool, start, answer)
+        reconciled = decision(tool, start, answer)
+        self.reconciled.append(reconciled)
+        decided = reconciled.decision
         call = AsyncToolCall(self, start, begun=True)
         if decided == "ran":
             assert isinstance(answer, Ran)

@@ -42,19 +42,3 @@ class InvalidAnswerError(ValueError):
     def __init__(self, path: str, what: str, *, message: str | None = None) -> None:
         self.path = path
         super().__init__(message or f"{path} is {what}, not a JSON value (nothing was written)")
-
-
-class ReconcileAnswerError(TypeError):
-    """A reconcile function answered something else than `Ran(output)`, `DidNotRun()` or
-    `Unknown(why)`: `tool`, `index` and `tool_call_id` name the call (nothing was written, its
-    intent stays pending); the answer's type is named, never its value."""
-
-    def __init__(self, tool: str, index: int, tool_call_id: str, answer: object) -> None:
-        self.tool = tool
-        self.index = index
-        self.tool_call_id = tool_call_id
-        super().__init__(
-            f"tool {tool!r}, call {index} (id {tool_call_id!r}): its reconcile function returned a "
-            f"{type(answer).__name__}, not Ran(output), DidNotRun() or Unknown(why) (sessionlog.tools); "
-            "nothing was written, the intent stays pending"
-        )

@@ -13,29 +13,52 @@ idempotency key, for at most the tool's `reconcile_timeout` seconds:
 * `Unknown(why)`, or `fn` raised or timed out: the intent is settled as interrupted, as without
   `reconcile` (the contract's fixed text: nothing is added to it).
 
-Any other answer is a `ReconcileAnswerError` naming the tool and the call (nothing is written:
-the intent stays pending). Both notes are content text of an ordinary tool result, valid for
-every reducer; `reconciliation(content)` reads them back (`sessionlog inspect` counts them).
-Where this departs from rule 11: a pending intent of a `never` tool whose counterpart says
-`Ran` or `DidNotRun` is not settled as interrupted (docs/idempotency.md).
+Any other answer (None, a string, a dict, a `Ran` whose `ok` is not a bool) is a failed
+reconcile, handled as one: the call is settled as interrupted. Why not an error, or a blocked
+run: the answer comes from the program's own function, asked again on every resume, so an
+error would repeat on every resume and the session would be stuck for good, and a blocked
+run would need a person for a bug that the contract already has a safe answer for (rule 11's
+`interrupted`: the effect may have happened, the model is told so). What the runtime may not do
+is guess from a wrong answer, so it takes none of it as `Ran` or `DidNotRun`; it says what was
+wrong instead: each failure (a wrong answer, named by its type, never its value; an exception,
+named by its class; a timeout) is logged as a warning on the `sessionlog.reconcile` logger
+naming the tool, the call and the why, and every decision is kept on the session
+(`Session.reconciled`, `Reconciled`: `decision` `unknown` and that `why`).
+
+The timeout: a sync function is asked in a daemon thread named `sessionlog reconcile NAME KEY`;
+the resume goes on at the timeout, the thread cannot be stopped and runs on until the function
+returns (its answer is then dropped). A coroutine function is awaited on the async runtime's
+loop and cancelled at the timeout, without waiting for the cancellation to be honoured; a
+coroutine that blocks the loop (`time.sleep`) cannot be interrupted by anything on that loop:
+the resume waits for it, and an answer later than the timeout counts as unknown all the same.
+
+Both notes are content text of an ordinary tool result, valid for every reducer;
+`reconciliation(content)` reads them back (`sessionlog inspect` counts them). Where this departs
+from rule 11: a pending intent of a `never` tool whose counterpart says `Ran` or `DidNotRun` is
+not settled as interrupted (docs/idempotency.md).
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
+import time
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from .core.state import SessionState
 from .recovery import Plan, ToolStart
-from .runtime_errors import ReconcileAnswerError
 from .tools import DidNotRun, Ran, Tool, Tools, Unknown, tool_output
+
+_log = logging.getLogger("sessionlog.reconcile")
 
 NOTE = "[sessionlog: reconciled after a crash: "
 RAN_NOTE = NOTE + "the call had run; this is the result its counterpart reported]"
 NOT_RUN_NOTE = NOTE + "the call had not run; it ran now, with the same key]"
 DECISIONS = ("ran", "notRun", "unknown")
+Decision = Literal["ran", "notRun", "unknown"]
 
 
 def reconcilable(tools: Tools) -> Any:
@@ -65,22 +88,61 @@ def pending_of(state: SessionState, plan: Mapping[str, Any], tools: Tools) -> To
     return None
 
 
-def decision(tool: Tool, start: ToolStart, answer: object) -> str:
-    """`ran`, `notRun` or `unknown` for an answer; ReconcileAnswerError for anything else (its
-    type is named, never its value: an output may hold a secret)."""
-    if isinstance(answer, Ran):
-        return "ran"
-    if isinstance(answer, DidNotRun):
-        return "notRun"
-    if isinstance(answer, Unknown):
-        return "unknown"
-    raise ReconcileAnswerError(tool.name, int(start.intent["toolIndex"]), start.intent["toolCallId"], answer)
+@dataclass(frozen=True)
+class Reconciled:
+    """What reconciliation decided for one pending call (`Session.reconciled`, in order):
+    `decision` is `ran`, `notRun` or `unknown` (settled as interrupted); `why` is an `Unknown`'s
+    reason, or what went wrong (the function raised, timed out, or answered something else),
+    empty for `ran` and `notRun`."""
+
+    tool_name: str
+    index: int
+    tool_call_id: str
+    key: str
+    decision: Decision
+    why: str = ""
+
+
+class _Failed(Unknown):
+    """An unknown that is the reconcile function's failure, not its answer: it is logged."""
+
+
+def decision(tool: Tool, start: ToolStart, answer: object) -> Reconciled:
+    """What an answer decides: `ran`, `notRun` or `unknown`; anything else is a failed reconcile
+    (`unknown`, its type named, never its value: an output may hold a secret), logged as every
+    failure is (see the module docstring)."""
+    why = ""
+    decided: Decision
+    if isinstance(answer, Ran) and type(answer.ok) is not bool:  # forced past Ran's own check
+        decided, why = "unknown", f"Ran(ok=...) is a {type(answer.ok).__name__}, not True or False"
+    elif isinstance(answer, Ran):
+        decided = "ran"
+    elif isinstance(answer, DidNotRun):
+        decided = "notRun"
+    elif isinstance(answer, Unknown):
+        decided, why = "unknown", answer.why
+    else:
+        decided = "unknown"
+        why = f"reconcile returned a {type(answer).__name__}, not Ran(output), DidNotRun() or Unknown(why)"
+    reconciled = Reconciled(
+        tool.name, int(start.intent["toolIndex"]), str(start.intent["toolCallId"]), start.key, decided, why
+    )
+    if why and (isinstance(answer, _Failed) or not isinstance(answer, Unknown)):
+        _log.warning(
+            "tool %r, call %d (id %r): %s; settled as interrupted "
+            "(the answers: sessionlog.Ran, DidNotRun, Unknown)",
+            reconciled.tool_name,
+            reconciled.index,
+            reconciled.tool_call_id,
+            why,
+        )
+    return reconciled
 
 
 def ran_output(tool: Tool, answer: Ran) -> tuple[str, bool]:
     """What a `Ran` answer commits: its output as result text, with `RAN_NOTE`."""
     text, ok = tool_output(tool.name, answer.output)
-    return noted(text, "ran"), ok and bool(answer.ok)
+    return noted(text, "ran"), ok and answer.ok
 
 
 def noted(text: str, decided: str | None) -> str:
@@ -102,12 +164,20 @@ def reconciliation(content: object) -> str | None:
 # -- asking, with a deadline ---------------------------------------------------------------------
 
 
+def _timed_out(tool: Tool) -> _Failed:
+    return _Failed(f"reconcile took longer than {tool.reconcile_timeout:g} s")
+
+
+def _raised(error: BaseException) -> _Failed:
+    return _Failed(f"reconcile raised {type(error).__name__}")
+
+
 class _Asked:
     """One question to a reconcile function, asked in a daemon thread (a function that hangs
     keeps its thread, never the agent: after the timeout the answer is taken as unknown)."""
 
     def __init__(self, tool: Tool, start: ToolStart) -> None:
-        self.answer: object = Unknown("no answer")
+        self.answer: object = _Failed("no answer")
         self.done = threading.Event()
         self.tool = tool
         self.start = start
@@ -122,38 +192,74 @@ class _Asked:
 
                 answer = asyncio.run(_awaited(answer))
             self.answer = answer
-        except Exception as error:  # a failure of fn: unknown, as the contract settles it
-            self.answer = Unknown(f"reconcile raised {type(error).__name__}")
-        finally:
+        except BaseException as error:  # any failure of fn, even no Exception: unknown, as the
+            self.answer = _raised(error)  # contract settles it (never to the excepthook, which
+        finally:  # would print its text: a secret of the call's, maybe)
             self.done.set()
+
+
+def _dropped(task: Any) -> None:
+    """A given-up coroutine's end: its outcome is retrieved (and dropped), so that asyncio logs
+    no "exception was never retrieved" for an answer nobody waits for."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _awaited(answer: Any) -> Any:
     return await answer
 
 
+def thread_name(tool: Tool, start: ToolStart) -> str:
+    """The name of the daemon thread a sync reconcile function is asked in."""
+    return f"sessionlog reconcile {tool.name} {start.key}"
+
+
 def ask(tool: Tool, start: ToolStart) -> object:
     """The answer of `tool.reconcile(key, arguments)`, or `Unknown` when it raised or took
-    longer than `tool.reconcile_timeout` seconds."""
+    longer than `tool.reconcile_timeout` seconds (its daemon thread then runs on, unwaited)."""
     asked = _Asked(tool, start)
-    threading.Thread(target=asked.ask, name=f"reconcile {tool.name}", daemon=True).start()
+    threading.Thread(target=asked.ask, name=thread_name(tool, start), daemon=True).start()
     if not asked.done.wait(tool.reconcile_timeout):
-        return Unknown(f"reconcile took longer than {tool.reconcile_timeout} s")
+        return _timed_out(tool)
     return asked.answer
 
 
 async def ask_async(tool: Tool, start: ToolStart) -> object:
-    """`ask` for the async runtime: a coroutine function is awaited on the loop (cancelled at
-    the timeout), a plain function asked in a daemon thread."""
+    """`ask` for the async runtime: a coroutine function is awaited on the loop, given up at the
+    timeout (cancelled, never waited for: `asyncio.wait_for` would wait for a coroutine that
+    ignores its cancellation); any other function is asked in a daemon thread (`ask`: a
+    coroutine it returns runs on that thread's own loop)."""
     import asyncio  # loaded already: this runs on its loop
 
     reconcile = tool.reconcile
     assert reconcile is not None
     if not inspect.iscoroutinefunction(reconcile):
         return await asyncio.to_thread(ask, tool, start)
+    began = time.monotonic()
     try:
-        return await asyncio.wait_for(reconcile(start.key, start.arguments), tool.reconcile_timeout)
-    except TimeoutError:
-        return Unknown(f"reconcile took longer than {tool.reconcile_timeout} s")
+        task = asyncio.ensure_future(reconcile(start.key, start.arguments))
     except Exception as error:
-        return Unknown(f"reconcile raised {type(error).__name__}")
+        return _raised(error)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=tool.reconcile_timeout)
+    except BaseException:  # the resume itself was cancelled: so is the question
+        task.cancel()
+        task.add_done_callback(_dropped)
+        raise
+    if not done:
+        task.cancel()
+        task.add_done_callback(_dropped)
+        return _timed_out(tool)
+    if task.cancelled():
+        return _Failed("reconcile was cancelled")
+    failure = task.exception()
+    if isinstance(failure, KeyboardInterrupt | SystemExit):  # the process is asked to stop: never swallowed
+        raise failure
+    if failure is not None:  # any other, even no Exception: a failed reconcile, settled as unknown
+        return _raised(failure)
+    if time.monotonic() - began > tool.reconcile_timeout:  # answered, but blocked the loop to do so
+        return _Failed(
+            f"reconcile answered after its {tool.reconcile_timeout:g} s timeout (it blocked the event loop: "
+            "a coroutine that blocks cannot be interrupted)"
+        )
+    return task.result()

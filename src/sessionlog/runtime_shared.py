@@ -28,6 +28,7 @@ from .runtime_facts import (
     declarations,
     has_result,
 )
+from .runtime_reconcile import Reconciled
 from .tools import Configuration, Tool, Tools, recordable_text
 
 Fact = dict[str, Any]
@@ -301,6 +302,8 @@ class SessionBase:
         self.tools = declarations(tools)
         self.open_attempt_id: str | None = None
         """The attempt this session opened and has not settled or failed (see AttemptOpenError)."""
+        self.reconciled: list[Reconciled] = []
+        """What reconciliation decided in this session's resumes, in order (`runtime_reconcile`)."""
         self.configuration = Configuration.of(
             self.tools,
             model=model,

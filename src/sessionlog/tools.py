@@ -18,14 +18,17 @@ tool's second argument, `run(arguments, key)` (docs/idempotency.md):
 * `reconcile=fn`: a `never` tool whose counterpart can say, by key, whether the call ran. After a
   crash, before its pending intent is settled as interrupted, the runtime asks `fn(key,
   arguments)`: `Ran(output)` (the result is committed), `DidNotRun()` (the tool runs now, with the
-  same key), or `Unknown(why)` (settled as interrupted, as is a failure or a timeout of `fn`).
+  same key), or `Unknown(why)` (settled as interrupted, as is a failure or a timeout of `fn`, or
+  any other answer: `runtime_reconcile`).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from threading import TIMEOUT_MAX
 from typing import Any
 
 from .core.canonical import canonical, configuration_digest, digest
@@ -47,10 +50,15 @@ RECONCILE_TIMEOUT = 10.0
 @dataclass(frozen=True)
 class Ran:
     """A reconcile answer: the call ran before the crash; `output` is its result (as a tool's
-    output: text or a JSON value), `ok=False` for an error result."""
+    output: text or a JSON value), `ok=False` for an error result (`ok` is True or False: any
+    other value is a TypeError, never read as true)."""
 
     output: object
     ok: bool = True
+
+    def __post_init__(self) -> None:
+        if type(self.ok) is not bool:  # ok="no" would count as a success if read with bool()
+            raise TypeError(f"Ran(output, ok=...): ok is True or False, not {type(self.ok).__name__}")
 
 
 @dataclass(frozen=True)
@@ -64,8 +72,34 @@ class Unknown:
 
     why: str = ""
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.why, str):
+            raise TypeError(f"Unknown(why): why is a string, not {type(self.why).__name__}")
+
 
 RECONCILE_ANSWERS = (Ran, DidNotRun, Unknown)
+
+
+class _NotGiven(str):
+    """The default of `Tool.replay`: `never`, or `safe` for an idempotent tool; told apart from
+    an explicit `replay="never"` (which contradicts `idempotent=True`) by identity."""
+
+
+_REPLAY_NOT_GIVEN: Any = _NotGiven("never")
+
+
+def _callable_with(function: Callable[..., Any], count: int) -> bool:
+    """Whether `function` accepts `count` positional arguments (True when its signature cannot
+    be read: a builtin, an extension type)."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind(*range(count))
+    except TypeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -76,17 +110,31 @@ class Tool:
     digest, so that changing the tool blocks the replay of an old intent). `idempotent=True`
     makes it `safe`, replayed with the same key; `reconcile=fn` lets recovery ask whether a call
     of a `never` tool ran (`reconcile_timeout` seconds at most); both make it `keyed`: it is run
-    as `run(arguments, key)`."""
+    as `run(arguments, key)`. Declarations that would silently override each other are refused
+    (`idempotent=True` with `replay="never"` or with `reconcile`, `reconcile` on a safe tool, a
+    `replay_key` never used, a `reconcile_timeout` without `reconcile`, a keyed function that
+    cannot take the key)."""
 
     name: str
     run: ToolFunction
     description: str = ""
     parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object"})
-    replay: Replay = "never"
+    replay: Replay = _REPLAY_NOT_GIVEN
+    """`never` (default) or `safe`; an idempotent tool is `safe` (`replay="never"` with
+    `idempotent=True` is refused)."""
     replay_key: str | None = None
     idempotent: bool = False
     reconcile: ReconcileFunction | None = None
     reconcile_timeout: float = RECONCILE_TIMEOUT
+    """Seconds `reconcile` may take (`RECONCILE_TIMEOUT` by default; only with `reconcile`)
+    before its answer counts as unknown. A sync function is asked in a daemon thread named
+    `sessionlog reconcile NAME KEY`: at the timeout the resume goes on without it, but a thread
+    cannot be stopped, so the function keeps running in the background until it returns (its
+    late answer is dropped; being a daemon, it never holds the interpreter's exit). A coroutine
+    function is awaited on the loop and cancelled at the timeout (the resume does not wait for a
+    coroutine that ignores its cancellation); one that blocks the loop (`time.sleep`, blocking
+    I/O) cannot be interrupted: the resume waits until it returns, and its late answer counts
+    as unknown."""
 
     def __post_init__(self) -> None:
         if type(self.name) is not str:
@@ -100,6 +148,8 @@ class Tool:
             raise TypeError(f"tool {shown(self.name)}: replay_key is a string or None")
         if not self.name:
             raise ValueError(f"a tool's name is a non-empty string, not {shown(self.name)}")
+        if self.replay_key == "":  # `key` would silently fall back to the default
+            raise ValueError(f"tool {shown(self.name)}: replay_key is a non-empty string or None")
         if self.replay not in ("safe", "never"):
             raise ValueError(
                 f"tool {shown(self.name)}: replay is 'safe' or 'never', not {shown(self.replay)}"
@@ -111,19 +161,55 @@ class Tool:
         if self.reconcile is not None and not callable(self.reconcile):
             raise TypeError(f"tool {shown(self.name)}: reconcile is a function (key, arguments) or None")
         timeout = self.reconcile_timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
-            raise ValueError(f"tool {shown(self.name)}: reconcile_timeout is a number of seconds above 0")
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 0 < timeout <= TIMEOUT_MAX
+        ):
+            # above TIMEOUT_MAX (inf, 1e300) a thread's wait raises OverflowError: every resume would fail
+            raise ValueError(
+                f"tool {shown(self.name)}: reconcile_timeout is a number of seconds above 0, "
+                f"at most threading.TIMEOUT_MAX ({TIMEOUT_MAX:g})"
+            )
         if self.idempotent and self.reconcile is not None:
             raise ValueError(
                 f"tool {shown(self.name)}: idempotent and reconcile exclude each other (an idempotent tool "
                 "is run again with its key; reconcile asks about a tool that must not be)"
             )
-        if self.idempotent:  # in the contract's terms: safe, under its own replay key
-            object.__setattr__(self, "replay", "safe")
+        self._check_contradictions()
+        # in the contract's terms an idempotent tool is safe, under its own replay key
+        replay = "safe" if self.idempotent else str.__str__(self.replay)
+        object.__setattr__(self, "replay", replay)
+        object.__setattr__(self, "reconcile_timeout", float(self.reconcile_timeout))
         if self.reconcile is not None and self.replay == "safe":
             raise ValueError(
                 f"tool {shown(self.name)}: reconcile is for a tool recovery never runs again (replay='never')"
             )
+        if self.replay_key is not None and self.replay == "never":
+            raise ValueError(
+                f"tool {shown(self.name)}: replay_key names what a replay must match, and a replay='never' "
+                "tool is never replayed (declare it replay='safe' or idempotent=True, or drop replay_key)"
+            )
+
+    def _check_contradictions(self) -> None:
+        """Refuse declarations that would silently override each other."""
+        name = shown(self.name)
+        if self.idempotent and self.replay is not _REPLAY_NOT_GIVEN and self.replay == "never":
+            raise ValueError(
+                f"tool {name}: idempotent=True is replay='safe' (replayed with its key), and "
+                "replay='never' says it must not be replayed: declare one of them"
+            )
+        if self.reconcile is None and self.reconcile_timeout != RECONCILE_TIMEOUT:
+            raise ValueError(
+                f"tool {name}: reconcile_timeout is set without reconcile: it would time out nothing"
+            )
+        if self.keyed and not _callable_with(self.run, 2):
+            raise TypeError(
+                f"tool {name}: run cannot be called as run(arguments, key), and a tool declared "
+                "idempotent or with reconcile is run with its call's key"
+            )
+        if self.reconcile is not None and not _callable_with(self.reconcile, 2):
+            raise TypeError(f"tool {name}: reconcile cannot be called as reconcile(key, arguments)")
 
     @property
     def definition(self) -> dict[str, Any]:
