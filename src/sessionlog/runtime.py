@@ -105,7 +105,7 @@ from .runtime_shared import (
     replay_start,
     result_facts,
 )
-from .tools import Ran, tool_output
+from .tools import tool_output
 
 Fact = dict[str, Any]
 
@@ -162,13 +162,12 @@ class Session(SessionBase):
         its reported result, run it now with the same key, or settle it as interrupted."""
         tool = self.tools[start.tool_name]
         answer = ask(tool, start)
-        reconciled = decision(tool, start, answer)
+        reconciled, ran = decision(tool, start, answer)
         self.reconciled.append(reconciled)
         decided = reconciled.decision
         call = ToolCall(self, start, begun=True)
-        if decided == "ran":
-            assert isinstance(answer, Ran)
-            call.record_reconciled(*ran_output(tool, answer))
+        if ran is not None:
+            call.record_reconciled(*ran_output(tool, reconciled, ran))
         elif decided == "notRun":
             call.note = "notRun"
             call.run()

@@ -43,7 +43,7 @@ from .runtime_shared import (
     replay_start,
     result_facts,
 )
-from .tools import Ran, tool_output
+from .tools import tool_output
 
 
 class AsyncSession(SessionBase):
@@ -98,13 +98,12 @@ class AsyncSession(SessionBase):
         """`Session.reconcile`, awaited (`runtime_reconcile.ask_async`)."""
         tool = self.tools[start.tool_name]
         answer = await ask_async(tool, start)
-        reconciled = decision(tool, start, answer)
+        reconciled, ran = decision(tool, start, answer)
         self.reconciled.append(reconciled)
         decided = reconciled.decision
         call = AsyncToolCall(self, start, begun=True)
-        if decided == "ran":
-            assert isinstance(answer, Ran)
-            await call.record_reconciled(*ran_output(tool, answer))
+        if ran is not None:
+            await call.record_reconciled(*ran_output(tool, reconciled, ran))
         elif decided == "notRun":
             call.note = "notRun"
             await call.run()

@@ -13,7 +13,8 @@ idempotency key, for at most the tool's `reconcile_timeout` seconds:
 * `Unknown(why)`, or `fn` raised or timed out: the intent is settled as interrupted, as without
   `reconcile` (the contract's fixed text: nothing is added to it).
 
-Any other answer (None, a string, a dict, a `Ran` whose `ok` is not a bool) is a failed
+Any other answer (None, a string, a dict, a `Ran` whose `ok` is not a bool, an answer whose
+reading raises, a `DidNotRun` for a tool whose definition changed since the intent) is a failed
 reconcile, handled as one: the call is settled as interrupted. Why not an error, or a blocked
 run: the answer comes from the program's own function, asked again on every resume, so an
 error would repeat on every resume and the session would be stuck for good, and a blocked
@@ -28,9 +29,12 @@ naming the tool, the call and the why, and every decision is kept on the session
 The timeout: a sync function is asked in a daemon thread named `sessionlog reconcile NAME KEY`;
 the resume goes on at the timeout, the thread cannot be stopped and runs on until the function
 returns (its answer is then dropped). A coroutine function is awaited on the async runtime's
-loop and cancelled at the timeout, without waiting for the cancellation to be honoured; a
-coroutine that blocks the loop (`time.sleep`) cannot be interrupted by anything on that loop:
-the resume waits for it, and an answer later than the timeout counts as unknown all the same.
+loop and cancelled at the timeout, without waiting for the cancellation to be honoured (one
+that ignores it stays on the loop, and `asyncio.run` waits for it at its exit; whatever it ends
+with is dropped); a coroutine that blocks the loop (`time.sleep`) cannot be interrupted by
+anything on that loop: the resume waits for it, and an answer later than the timeout counts as
+unknown all the same. `KeyboardInterrupt` and `SystemExit` raised by `fn` stop the resume (in
+either runtime, sync or coroutine function): nothing is settled, the next resume asks again.
 
 Both notes are content text of an ordinary tool result, valid for every reducer;
 `reconciliation(content)` reads them back (`sessionlog inspect` counts them). Where this departs
@@ -46,11 +50,11 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from .core.state import SessionState
 from .recovery import Plan, ToolStart
-from .tools import DidNotRun, Ran, Tool, Tools, Unknown, tool_output
+from .tools import DidNotRun, Ran, Tool, Tools, Unknown, tool_output, unrecordable
 
 _log = logging.getLogger("sessionlog.reconcile")
 
@@ -107,42 +111,79 @@ class _Failed(Unknown):
     """An unknown that is the reconcile function's failure, not its answer: it is logged."""
 
 
-def decision(tool: Tool, start: ToolStart, answer: object) -> Reconciled:
-    """What an answer decides: `ran`, `notRun` or `unknown`; anything else is a failed reconcile
-    (`unknown`, its type named, never its value: an output may hold a secret), logged as every
-    failure is (see the module docstring)."""
-    why = ""
-    decided: Decision
-    if isinstance(answer, Ran) and type(answer.ok) is not bool:  # forced past Ran's own check
-        decided, why = "unknown", f"Ran(ok=...) is a {type(answer.ok).__name__}, not True or False"
-    elif isinstance(answer, Ran):
-        decided = "ran"
-    elif isinstance(answer, DidNotRun):
-        decided = "notRun"
-    elif isinstance(answer, Unknown):
-        decided, why = "unknown", answer.why
-    else:
-        decided = "unknown"
-        why = f"reconcile returned a {type(answer).__name__}, not Ran(output), DidNotRun() or Unknown(why)"
+class _WrongAnswer(Exception):
+    """An answer that decides nothing: a failed reconcile, settled as unknown and logged."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+def decision(tool: Tool, start: ToolStart, answer: object) -> tuple[Reconciled, Ran | None]:
+    """What an answer decides (`ran`, `notRun` or `unknown`), and for `ran` a plain copy of the
+    `Ran` to commit. Anything else is a failed reconcile, settled as `unknown`: a wrong answer
+    (its type named, never its value: an output may hold a secret), an answer whose reading
+    raised (a `why` whose `__bool__` raises), a `DidNotRun` for a tool whose definition changed
+    since the intent (never run under another definition than the one the model called);
+    each is logged (see the module docstring)."""
+    failed = type(answer) is _Failed
+    try:
+        decided, why, ran = _read(tool, start, answer)
+    except _WrongAnswer as wrong:
+        decided, why, ran, failed = "unknown", wrong.why, None, True
+    except Exception as error:  # reading the answer ran its code: a failure of fn's, as any
+        decided, why, ran = "unknown", f"reading reconcile's answer raised {type(error).__name__}", None
+        failed = True
     reconciled = Reconciled(
         tool.name, int(start.intent["toolIndex"]), str(start.intent["toolCallId"]), start.key, decided, why
     )
-    if why and (isinstance(answer, _Failed) or not isinstance(answer, Unknown)):
-        _log.warning(
-            "tool %r, call %d (id %r): %s; settled as interrupted "
-            "(the answers: sessionlog.Ran, DidNotRun, Unknown)",
-            reconciled.tool_name,
-            reconciled.index,
-            reconciled.tool_call_id,
-            why,
-        )
-    return reconciled
+    if failed:  # a counterpart's own Unknown(why) is an answer, not a failure
+        _warn(reconciled, f"{why}; settled as interrupted (the answers: sessionlog.Ran, DidNotRun, Unknown)")
+    return reconciled, ran
 
 
-def ran_output(tool: Tool, answer: Ran) -> tuple[str, bool]:
-    """What a `Ran` answer commits: its output as result text, with `RAN_NOTE`."""
-    text, ok = tool_output(tool.name, answer.output)
-    return noted(text, "ran"), ok and answer.ok
+def _read(tool: Tool, start: ToolStart, answer: object) -> tuple[Decision, str, Ran | None]:
+    """`decision`'s reading of an answer, by its type (never `isinstance`, which believes an
+    object's `__class__`), every value copied as a plain one."""
+    kind = type(answer)
+    if issubclass(kind, Ran):
+        ran = cast(Ran, answer)
+        if type(ran.ok) is not bool:  # forced past Ran's own check
+            raise _WrongAnswer(f"Ran(ok=...) is a {type(ran.ok).__name__}, not True or False")
+        return "ran", "", Ran(ran.output, ran.ok)
+    if issubclass(kind, DidNotRun):
+        if start.intent["replayKey"] != tool.key:  # a never tool's key names its definition's digest
+            raise _WrongAnswer(
+                "DidNotRun, but the tool's definition changed since the call's intent: "
+                "not run under another definition"
+            )
+        return "notRun", "", None
+    if issubclass(kind, Unknown):
+        why = cast(Unknown, answer).why
+        if not issubclass(type(why), str):  # forced past Unknown's own check
+            raise _WrongAnswer(f"Unknown(why) holds a value of type {type(why).__name__}, not a string")
+        return "unknown", str.__str__(why), None
+    raise _WrongAnswer(f"reconcile returned a {kind.__name__}, not Ran(output), DidNotRun() or Unknown(why)")
+
+
+def _warn(reconciled: Reconciled, what: str) -> None:
+    _log.warning(
+        "tool %r, call %d (id %r): %s",
+        reconciled.tool_name,
+        reconciled.index,
+        reconciled.tool_call_id,
+        what,
+    )
+
+
+def ran_output(tool: Tool, reconciled: Reconciled, ran: Ran) -> tuple[str, bool]:
+    """What a `Ran` answer commits: its output as result text, with `RAN_NOTE`; an output that
+    is no JSON value is an error result, logged."""
+    what = None if isinstance(ran.output, str) else unrecordable(ran.output)
+    if what is not None:
+        _warn(reconciled, f"Ran's output is {what}: committed as an error result")
+    text, ok = tool_output(tool.name, ran.output)
+    return noted(text, "ran"), ok and ran.ok
 
 
 def noted(text: str, decided: str | None) -> str:
@@ -178,6 +219,7 @@ class _Asked:
 
     def __init__(self, tool: Tool, start: ToolStart) -> None:
         self.answer: object = _Failed("no answer")
+        self.stop: KeyboardInterrupt | SystemExit | None = None
         self.done = threading.Event()
         self.tool = tool
         self.start = start
@@ -192,21 +234,31 @@ class _Asked:
 
                 answer = asyncio.run(_awaited(answer))
             self.answer = answer
-        except BaseException as error:  # any failure of fn, even no Exception: unknown, as the
-            self.answer = _raised(error)  # contract settles it (never to the excepthook, which
-        finally:  # would print its text: a secret of the call's, maybe)
+        except (KeyboardInterrupt, SystemExit) as stop:  # the process is asked to stop: `ask`
+            self.stop = stop  # raises it in the resuming thread
+        except BaseException as error:  # any other failure of fn, even no Exception: unknown,
+            self.answer = _raised(error)  # as the contract settles it (never to the excepthook,
+        finally:  # which would print its text: a secret of the call's, maybe)
             self.done.set()
-
-
-def _dropped(task: Any) -> None:
-    """A given-up coroutine's end: its outcome is retrieved (and dropped), so that asyncio logs
-    no "exception was never retrieved" for an answer nobody waits for."""
-    if not task.cancelled():
-        task.exception()
 
 
 async def _awaited(answer: Any) -> Any:
     return await answer
+
+
+async def _guarded(reconcile: Any, start: ToolStart) -> Any:
+    """A coroutine function's answer, or its failure as a failed-reconcile answer: never the task's
+    exception, which asyncio reports with its text (a secret of the call's, maybe) when nobody
+    retrieves it, as at `asyncio.run`'s shutdown for a given-up question. A stop
+    (KeyboardInterrupt, SystemExit) and a cancellation pass."""
+    import asyncio  # loaded already: this runs on its loop
+
+    try:
+        return await reconcile(start.key, start.arguments)
+    except (KeyboardInterrupt, SystemExit, asyncio.CancelledError):
+        raise
+    except BaseException as error:
+        return _raised(error)
 
 
 def thread_name(tool: Tool, start: ToolStart) -> str:
@@ -221,6 +273,8 @@ def ask(tool: Tool, start: ToolStart) -> object:
     threading.Thread(target=asked.ask, name=thread_name(tool, start), daemon=True).start()
     if not asked.done.wait(tool.reconcile_timeout):
         return _timed_out(tool)
+    if asked.stop is not None:  # the process is asked to stop: never swallowed
+        raise asked.stop
     return asked.answer
 
 
@@ -236,27 +290,17 @@ async def ask_async(tool: Tool, start: ToolStart) -> object:
     if not inspect.iscoroutinefunction(reconcile):
         return await asyncio.to_thread(ask, tool, start)
     began = time.monotonic()
-    try:
-        task = asyncio.ensure_future(reconcile(start.key, start.arguments))
-    except Exception as error:
-        return _raised(error)
+    task = asyncio.ensure_future(_guarded(reconcile, start))
     try:
         done, _ = await asyncio.wait({task}, timeout=tool.reconcile_timeout)
     except BaseException:  # the resume itself was cancelled: so is the question
         task.cancel()
-        task.add_done_callback(_dropped)
         raise
     if not done:
-        task.cancel()
-        task.add_done_callback(_dropped)
+        task.cancel()  # given up: whatever it ends with is dropped (`_guarded`)
         return _timed_out(tool)
     if task.cancelled():
         return _Failed("reconcile was cancelled")
-    failure = task.exception()
-    if isinstance(failure, KeyboardInterrupt | SystemExit):  # the process is asked to stop: never swallowed
-        raise failure
-    if failure is not None:  # any other, even no Exception: a failed reconcile, settled as unknown
-        return _raised(failure)
     if time.monotonic() - began > tool.reconcile_timeout:  # answered, but blocked the loop to do so
         return _Failed(
             f"reconcile answered after its {tool.reconcile_timeout:g} s timeout (it blocked the event loop: "

@@ -33,7 +33,8 @@ from typing import Any
 
 from .core.canonical import canonical, configuration_digest, digest
 from .core.commit import first_non_json
-from .core.errors import shown
+from .core.errors import short_shown, shown
+from .core.framing import MAX_NESTING_DEPTH
 from .schema import CurrentConfiguration, CurrentTool, Replay
 
 ToolFunction = Callable[..., Any]
@@ -73,8 +74,10 @@ class Unknown:
     why: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.why, str):
+        if not issubclass(type(self.why), str):
             raise TypeError(f"Unknown(why): why is a string, not {type(self.why).__name__}")
+        # a plain copy: no method of a subclass's runs when it is read later
+        object.__setattr__(self, "why", str.__str__(self.why))
 
 
 RECONCILE_ANSWERS = (Ran, DidNotRun, Unknown)
@@ -102,6 +105,14 @@ def _callable_with(function: Callable[..., Any], count: int) -> bool:
     return True
 
 
+NAME_SHOWN_WHOLE = 32
+"""The longest tool name a declaration error shows whole (`deploy`, `search_knowledge_base`)."""
+
+
+def _named(name: str) -> str:
+    return short_shown(name, "name", NAME_SHOWN_WHOLE)
+
+
 @dataclass(frozen=True)
 class Tool:
     """One tool: `run(arguments) -> output text` (a coroutine function for the async runtime),
@@ -112,8 +123,9 @@ class Tool:
     of a `never` tool ran (`reconcile_timeout` seconds at most); both make it `keyed`: it is run
     as `run(arguments, key)`. Declarations that would silently override each other are refused
     (`idempotent=True` with `replay="never"` or with `reconcile`, `reconcile` on a safe tool, a
-    `replay_key` never used, a `reconcile_timeout` without `reconcile`, a keyed function that
-    cannot take the key)."""
+    `replay_key` never used, a `reconcile_timeout` other than the default without `reconcile`,
+    a keyed function that cannot take the key). The fields hold the resolved declaration (an
+    idempotent tool's `replay` is `safe`), which `dataclasses.replace` passes on."""
 
     name: str
     run: ToolFunction
@@ -132,34 +144,34 @@ class Tool:
     cannot be stopped, so the function keeps running in the background until it returns (its
     late answer is dropped; being a daemon, it never holds the interpreter's exit). A coroutine
     function is awaited on the loop and cancelled at the timeout (the resume does not wait for a
-    coroutine that ignores its cancellation); one that blocks the loop (`time.sleep`, blocking
-    I/O) cannot be interrupted: the resume waits until it returns, and its late answer counts
-    as unknown."""
+    coroutine that ignores its cancellation; `asyncio.run`'s exit does); one that blocks the
+    loop (`time.sleep`, blocking I/O) cannot be interrupted: the resume waits until it returns,
+    and its late answer counts as unknown."""
 
     def __post_init__(self) -> None:
         if type(self.name) is not str:
             raise TypeError(f"a tool's name is a string, not {type(self.name).__name__}")
         for key in ("description",):
             if not isinstance(getattr(self, key), str):
-                raise TypeError(f"tool {shown(self.name)}: {key} is a string")
+                raise TypeError(f"tool {_named(self.name)}: {key} is a string")
         if not isinstance(self.parameters, Mapping):
-            raise TypeError(f"tool {shown(self.name)}: parameters is a mapping (a JSON schema)")
+            raise TypeError(f"tool {_named(self.name)}: parameters is a mapping (a JSON schema)")
         if self.replay_key is not None and not isinstance(self.replay_key, str):
-            raise TypeError(f"tool {shown(self.name)}: replay_key is a string or None")
+            raise TypeError(f"tool {_named(self.name)}: replay_key is a string or None")
         if not self.name:
-            raise ValueError(f"a tool's name is a non-empty string, not {shown(self.name)}")
+            raise ValueError(f"a tool's name is a non-empty string, not {_named(self.name)}")
         if self.replay_key == "":  # `key` would silently fall back to the default
-            raise ValueError(f"tool {shown(self.name)}: replay_key is a non-empty string or None")
+            raise ValueError(f"tool {_named(self.name)}: replay_key is a non-empty string or None")
         if self.replay not in ("safe", "never"):
             raise ValueError(
-                f"tool {shown(self.name)}: replay is 'safe' or 'never', not {shown(self.replay)}"
+                f"tool {_named(self.name)}: replay is 'safe' or 'never', not {shown(self.replay)}"
             )
         if not callable(self.run):
-            raise TypeError(f"tool {shown(self.name)}: run must be callable")
+            raise TypeError(f"tool {_named(self.name)}: run must be callable")
         if type(self.idempotent) is not bool:
-            raise TypeError(f"tool {shown(self.name)}: idempotent is True or False")
+            raise TypeError(f"tool {_named(self.name)}: idempotent is True or False")
         if self.reconcile is not None and not callable(self.reconcile):
-            raise TypeError(f"tool {shown(self.name)}: reconcile is a function (key, arguments) or None")
+            raise TypeError(f"tool {_named(self.name)}: reconcile is a function (key, arguments) or None")
         timeout = self.reconcile_timeout
         if (
             isinstance(timeout, bool)
@@ -168,12 +180,12 @@ class Tool:
         ):
             # above TIMEOUT_MAX (inf, 1e300) a thread's wait raises OverflowError: every resume would fail
             raise ValueError(
-                f"tool {shown(self.name)}: reconcile_timeout is a number of seconds above 0, "
+                f"tool {_named(self.name)}: reconcile_timeout is a number of seconds above 0, "
                 f"at most threading.TIMEOUT_MAX ({TIMEOUT_MAX:g})"
             )
         if self.idempotent and self.reconcile is not None:
             raise ValueError(
-                f"tool {shown(self.name)}: idempotent and reconcile exclude each other (an idempotent tool "
+                f"tool {_named(self.name)}: idempotent and reconcile exclude each other (an idempotent tool "
                 "is run again with its key; reconcile asks about a tool that must not be)"
             )
         self._check_contradictions()
@@ -183,17 +195,18 @@ class Tool:
         object.__setattr__(self, "reconcile_timeout", float(self.reconcile_timeout))
         if self.reconcile is not None and self.replay == "safe":
             raise ValueError(
-                f"tool {shown(self.name)}: reconcile is for a tool recovery never runs again (replay='never')"
+                f"tool {_named(self.name)}: reconcile is for a tool recovery never runs again "
+                "(replay='never')"
             )
         if self.replay_key is not None and self.replay == "never":
             raise ValueError(
-                f"tool {shown(self.name)}: replay_key names what a replay must match, and a replay='never' "
+                f"tool {_named(self.name)}: replay_key names what a replay must match, and a replay='never' "
                 "tool is never replayed (declare it replay='safe' or idempotent=True, or drop replay_key)"
             )
 
     def _check_contradictions(self) -> None:
         """Refuse declarations that would silently override each other."""
-        name = shown(self.name)
+        name = _named(self.name)
         if self.idempotent and self.replay is not _REPLAY_NOT_GIVEN and self.replay == "never":
             raise ValueError(
                 f"tool {name}: idempotent=True is replay='safe' (replayed with its key), and "
@@ -245,7 +258,7 @@ class Tools(Mapping[str, Tool]):
             if not isinstance(tool, Tool):
                 raise TypeError(f"Tools takes Tool declarations, not {type(tool).__name__}")
             if tool.name in self._tools:
-                raise ValueError(f"tool {shown(tool.name)} is declared twice")
+                raise ValueError(f"tool {_named(tool.name)} is declared twice")
             self._tools[tool.name] = tool
 
     def __getitem__(self, name: str) -> Tool:
@@ -332,12 +345,39 @@ def recordable_text(text: str) -> str:
 
 def tool_output(name: str, output: object) -> tuple[str, bool]:
     """What a tool returned, as result text: a string as it is; another JSON value as its
-    compact JSON text; anything else an error result naming its type."""
+    compact JSON text; anything else (a value of another type, an integer beyond 64 bits, a
+    value nested deeper than `MAX_NESTING_DEPTH`, one that holds itself) an error result saying
+    what it was, never an exception: the call ran, and its result must be recorded."""
     if isinstance(output, str):
         return str.__str__(output), True
+    what = unrecordable(output)
+    if what is not None:
+        return f"Error: tool {name!r} returned {what}, not text or a JSON value", False
+    return json.dumps(output, ensure_ascii=False, separators=(",", ":")), True
+
+
+def unrecordable(output: object) -> str | None:
+    """What makes a tool's output no JSON value a result can hold (`a value of type bytes at
+    [0]`), None when it is one."""
     found = first_non_json(output)
     if found is not None:
         path, what = found
-        where = f" at {path}" if path else ""
-        return f"Error: tool {name!r} returned a value{where} {what}, not text or a JSON value", False
-    return json.dumps(output, ensure_ascii=False, separators=(",", ":")), True
+        what = f"a value {what}" if what.startswith("of type") else what
+        return f"{what} at {path}" if path and path != "the fact" else what  # "the fact": the top
+    if _nested_deeper(output, MAX_NESTING_DEPTH):  # where the walk above stops, as orjson does
+        return f"a value nested deeper than {MAX_NESTING_DEPTH} arrays or objects"
+    return None
+
+
+def _nested_deeper(value: object, limit: int) -> bool:
+    """Whether `value` holds arrays or objects nested deeper than `limit` (a value that holds
+    itself does), found without recursion."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        kind = type(item)
+        if kind is dict or kind is list:
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if kind is dict else item))
+    return False

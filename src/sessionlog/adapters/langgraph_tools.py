@@ -97,9 +97,9 @@ from ..recovery import ToolStart, new_intent, recover
 from ..repositories.base import MAX_LABEL
 from ..repositories.keys import key_problem, key_shown
 from ..runtime_facts import oversized, oversized_text
-from ..runtime_reconcile import ask, noted, ran_output
+from ..runtime_reconcile import ask, decision, noted, ran_output
 from ..runtime_shared import failure_text, result_facts
-from ..tools import Configuration, DidNotRun, Ran, ReconcileFunction, Tool, Tools, tool_output
+from ..tools import Configuration, ReconcileFunction, Tool, Tools, tool_output
 from .labels import TOOL_LEDGER, thread_label
 
 __all__ = ["ADAPTER", "LedgerError", "ToolLedger", "idempotency_key"]
@@ -307,12 +307,12 @@ class ToolLedger:
         """Reconciliation (outside the lock: it may take its timeout): the counterpart's result,
         a run now with the same key, or interrupted."""
         tool = tools[step.start.tool_name]
-        answer = ask(tool, step.start)
+        reconciled, ran = decision(tool, step.start, ask(tool, step.start))
         with book.lock:
-            if isinstance(answer, DidNotRun):
+            if reconciled.decision == "notRun":
                 return _Run(step.start, "notRun")
-            if isinstance(answer, Ran) and type(answer.ok) is bool:
-                text, ok = ran_output(tool, answer)
+            if ran is not None:
+                text, ok = ran_output(tool, reconciled, ran)
                 self._record(book.store, step.start, text, ok, configuration)
                 return _Done(text, ok)
             # Unknown, a failure, a timeout, or any other answer: the contract's safe answer

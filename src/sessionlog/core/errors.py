@@ -61,6 +61,17 @@ def shown(value: object) -> str:
 SHOWN_PREFIX = 8  # characters, at most, of a string in a message (see `shown`)
 
 
+def short_shown(text: str, noun: str, whole: int) -> str:
+    """A caller's name or key for a message: whole (escaped) when it is at most `whole`
+    characters, as a name is (`deploy`, `user-42`); a longer one as `shown` shows a value, its
+    length and at most its first `SHOWN_PREFIX` characters (`a NOUN of 40 characters starting
+    'sk_live_'`), so that a secret passed as a name by mistake keeps its random part hidden."""
+    if len(text) <= whole:
+        return ascii(text)
+    prefix = text[: min(SHOWN_PREFIX, len(text) // 4)]
+    return f"a {noun} of {len(text):,} characters starting {prefix!a}"
+
+
 def name_shown(name: str) -> str:
     """A name written in code (a tool's, a kind's) for a message: as written, quoted, every
     non-ASCII or control character escaped, at most about 100 characters, so that the message

@@ -35,7 +35,7 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
-from ..core.errors import SHOWN_PREFIX, SessionLockedError, SessionLogError, SessionNotFoundError, shown
+from ..core.errors import SessionLockedError, SessionLogError, SessionNotFoundError, short_shown, shown
 
 MAX_KEY = 256
 """The longest key, in characters."""
@@ -84,10 +84,7 @@ def key_shown(key: str) -> str:
     name is (`user-42`, `thread_abc123`); a longer one as `shown` shows a value, its length and
     at most its first 8 characters (a UUID's first group says which one; an API key passed as a
     key by mistake keeps its random part hidden). The key itself is the error's `key`."""
-    if len(key) <= SHOWN_WHOLE:
-        return ascii(key)
-    prefix = key[: min(SHOWN_PREFIX, len(key) // 4)]
-    return f"a key of {len(key):,} characters starting {prefix!a}"
+    return short_shown(key, "key", SHOWN_WHOLE)
 
 
 def escaped(key: str) -> str:
