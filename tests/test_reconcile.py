@@ -51,17 +51,21 @@ class Deploys:
         return [sessionlog.Tool("deploy", self.run, reconcile=self.reconcile, **options)]
 
 
-def _crashed(path: Path, deploys: Deploys, **options: Any) -> str:
-    """A session whose deploy call died after its effect began; the call's key."""
+def crashed(path: Path, tools: list[sessionlog.Tool]) -> str:
+    """A session whose one deploy call (of `tools`) died after its effect began, by `Killed`
+    raised in its first run; the call's key."""
     store = sessionlog.create(path, "jsonl", **HEADER)
-    session = sessionlog.Session(store, tools=deploys.tools(**options), model="m")
-    run = session.start("go")
+    run = sessionlog.Session(store, tools=tools, model="m").start("go")
     run.attempt().settle(None, [{"id": "1", "name": "deploy", "arguments": {"version": "v2"}}])
     (call,) = run.start_tools()
     with pytest.raises(Killed):
         call.run()
     store.close()
     return call.key
+
+
+def _crashed(path: Path, deploys: Deploys, **options: Any) -> str:
+    return crashed(path, deploys.tools(**options))
 
 
 def _resumed(path: Path, deploys: Deploys, **options: Any) -> sessionlog.SessionState:

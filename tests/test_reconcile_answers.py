@@ -28,14 +28,9 @@ from typing import Any
 import pytest
 
 import sessionlog
-from conftest import HEADER
+from test_reconcile import INTERRUPTED, Killed, crashed
 
-INTERRUPTED = "Operation interrupted after execution status became unknown; the tool was not replayed."
 RUNTIMES = ["sync", "async"]
-
-
-class Killed(BaseException):
-    """Stands for SIGKILL inside a tool: not an Exception, so the runtime records nothing."""
 
 
 class Deploy:
@@ -51,16 +46,19 @@ class Deploy:
         return "deployed"
 
 
-def _crashed(path: Path, tools: list[sessionlog.Tool]) -> str:
-    """A session whose one deploy call died after its effect began (sync store); its key."""
-    store = sessionlog.create(path, "jsonl", **HEADER)
-    run = sessionlog.Session(store, tools=tools, model="m").start("go")
-    run.attempt().settle(None, [{"id": "1", "name": "deploy", "arguments": {"version": "v2"}}])
-    (call,) = run.start_tools()
-    with pytest.raises(Killed):
-        call.run()
-    store.close()
-    return call.key
+_crashed = crashed
+
+
+def raiser(error: Callable[[], BaseException], coroutine: bool) -> Callable[..., Any]:
+    """A reconcile function (a coroutine function if `coroutine`) that raises `error()`."""
+
+    async def asynchronous(key: str, arguments: dict[str, Any]) -> object:
+        raise error()
+
+    def plain(key: str, arguments: dict[str, Any]) -> object:
+        raise error()
+
+    return asynchronous if coroutine else plain
 
 
 def _resumed(path: Path, tools: list[sessionlog.Tool], runtime: str) -> tuple[bool, list[Any], str]:
@@ -313,13 +311,8 @@ def test_a_coroutine_function_in_the_sync_runtime_is_timed_out_too(tmp_path: Pat
 def test_a_reconcile_function_that_raises_is_logged_by_its_class(
     tmp_path: Path, runtime: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async def coroutine(key: str, arguments: dict[str, Any]) -> object:
-        raise ConnectionError("https://user:hunter2@status.example/")
-
-    def plain(key: str, arguments: dict[str, Any]) -> object:
-        raise ConnectionError("https://user:hunter2@status.example/")
-
-    tools = _deploy(coroutine if runtime == "async" else plain, Deploy())
+    raising = raiser(lambda: ConnectionError("https://user:hunter2@status.example/"), runtime == "async")
+    tools = _deploy(raising, Deploy())
     _crashed(tmp_path / "s.jsonl", tools)
     with caplog.at_level(logging.WARNING, logger="sessionlog.reconcile"):
         progressed, reconciled, content = _resumed(tmp_path / "s.jsonl", tools, runtime)
@@ -338,13 +331,7 @@ def test_a_reconcile_raising_a_base_exception_is_settled_and_its_text_never_show
     """Found by review: the sync thread let a BaseException reach threading.excepthook (its
     traceback and secret on stderr); the async runtime re-raised it on every resume (stuck)."""
 
-    async def coroutine(key: str, arguments: dict[str, Any]) -> object:
-        raise Fatal("token=sk_live_SECRET")
-
-    def plain(key: str, arguments: dict[str, Any]) -> object:
-        raise Fatal("token=sk_live_SECRET")
-
-    tools = _deploy(coroutine if runtime == "async" else plain, Deploy())
+    tools = _deploy(raiser(lambda: Fatal("token=sk_live_SECRET"), runtime == "async"), Deploy())
     _crashed(tmp_path / "s.jsonl", tools)
     progressed, reconciled, content = _resumed(tmp_path / "s.jsonl", tools, runtime)
     assert progressed and reconciled[0].why == "reconcile raised Fatal" and content == INTERRUPTED

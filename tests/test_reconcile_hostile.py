@@ -35,6 +35,7 @@ from test_reconcile_answers import (
     _effect,
     _resumed,
     _status,
+    raiser,
 )
 
 SECRET = "sk_live_51HxQ2eSECRETVALUE0123456789abcdef"
@@ -230,14 +231,8 @@ def test_ran_for_a_tool_whose_definition_changed_is_recorded(tmp_path: Path, run
 def test_a_stop_raised_by_reconcile_stops_the_resume_and_settles_nothing(
     tmp_path: Path, runtime: str, kind: str, stop: type[BaseException]
 ) -> None:
-    def function(key: str, arguments: dict[str, Any]) -> object:
-        raise stop
-
-    async def coroutine(key: str, arguments: dict[str, Any]) -> object:
-        raise stop
-
     deploy = Deploy()
-    tools = _deploy(function if kind == "function" else coroutine, deploy)
+    tools = _deploy(raiser(stop, kind == "coroutine"), deploy)
     _crashed(tmp_path / "s.jsonl", tools)
     with pytest.raises(stop):
         _resumed(tmp_path / "s.jsonl", tools, runtime)
