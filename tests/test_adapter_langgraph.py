@@ -410,6 +410,13 @@ def test_a_declaration_naming_no_tool_of_the_node_is_refused(tmp_path: Path) -> 
     ledger = ToolLedger(sessionlog.repository(f"sqlite:///{tmp_path}/l.db"), safe=["serch"])
     with pytest.raises(LedgerError, match="'serch'"):
         ledger.tool_node([charge])
+    secret = "sk_live_" + "Q" * 40  # a secret pasted as a name: never shown beyond its first 8
+    pasted = ToolLedger(sessionlog.repository(f"sqlite:///{tmp_path}/m.db"), reconcile={secret: print})
+    with pytest.raises(
+        LedgerError, match="names tool a name of 48 characters starting 'sk_live_'"
+    ) as refused:
+        pasted.tool_node([charge])
+    assert "QQ" not in str(refused.value)
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,13 @@
   settled for good); from a coroutine they stopped the resume. One rule now: they stop it.
 * Declaration errors named the tool as a value ("a string of 6 characters starting 'd'").
 * A `Ran` whose output cannot be recorded was committed as an error result unlogged.
+
+A third try found the rest of the first class: after a tool ran, recording its result raised
+(an exception whose `__str__` raises, an output claiming to be a `str`, an output whose type's
+metaclass `__eq__` raises), so after `DidNotRun` the tool ran once per resume; a `Ran` property
+raising a `BaseException` escaped every resume; the reconciliation note was not the content's
+last line when the output held a lone surrogate or was too long for the store; a given-up
+coroutine's late `SystemExit` escaped the loop; the LangGraph ledger named a tool whole.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import pytest
 
 import sessionlog
 from sessionlog.core.framing import MAX_NESTING_DEPTH
+from test_reconcile import Killed
 from test_reconcile_answers import (
     INTERRUPTED,
     RUNTIMES,
@@ -279,3 +287,170 @@ def test_a_ran_output_that_cannot_be_recorded_is_logged_and_an_error_result(
     assert reconciled[0].decision == "ran"
     assert content.startswith(f"Error: tool 'deploy' returned {what}, not text or a JSON value")
     assert f"Ran's output is {what}: committed as an error result" in caplog.text
+
+
+# -- a third try: nothing raises after a tool ran; the note stays last ------------------------------
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError(SECRET)
+
+
+class _FakeStr:
+    """Claims to be a str (isinstance follows `__class__`)."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return str
+
+
+class _Meta(type):
+    def __eq__(cls, other: object) -> bool:
+        raise RuntimeError(SECRET)
+
+    __hash__ = type.__hash__
+
+
+class _Weird(metaclass=_Meta):
+    pass
+
+
+def _unprintable() -> object:
+    raise _Unprintable
+
+
+OUTPUTS = {
+    "str-raises": (_unprintable, "_Unprintable: (its text could not be read)"),
+    "fake-str": (_FakeStr, "a value of type test_reconcile_hostile._FakeStr"),
+    "metaclass-eq": (_Weird, "a value of type test_reconcile_hostile._Weird"),
+}
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("case", list(OUTPUTS))
+def test_a_tool_run_after_did_not_run_is_recorded_whatever_it_returns(
+    tmp_path: Path, runtime: str, case: str
+) -> None:
+    make, shown = OUTPUTS[case]
+    runs: list[str] = []
+
+    def deploy(arguments: dict[str, Any], key: str) -> object:
+        runs.append(key)
+        if len(runs) == 1:
+            raise Killed
+        return make()
+
+    tools = [sessionlog.Tool("deploy", deploy, reconcile=lambda key, arguments: sessionlog.DidNotRun())]
+    _crashed(tmp_path / "s.jsonl", tools)
+    for _ in range(3):
+        progressed, _, content = _resumed(tmp_path / "s.jsonl", tools, runtime)
+        assert progressed
+    assert len(runs) == 2  # the crashed run and the one after DidNotRun: never once a resume
+    assert shown in content and SECRET not in content
+    assert sessionlog.runtime_reconcile.reconciliation(content) == "notRun"
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("case", ["fake-str", "metaclass-eq"])
+def test_a_ran_output_whose_reading_raises_is_an_error_result(
+    tmp_path: Path, runtime: str, case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    make, shown = OUTPUTS[case]
+    tools = _deploy(lambda key, arguments: sessionlog.Ran(make()), Deploy())
+    _crashed(tmp_path / "s.jsonl", tools)
+    with caplog.at_level(logging.WARNING, logger="sessionlog.reconcile"):
+        progressed, reconciled, content = _resumed(tmp_path / "s.jsonl", tools, runtime)
+    assert progressed and reconciled[0].decision == "ran" and shown in content
+    assert f"Ran's output is {shown}" in caplog.text and SECRET not in caplog.text + content
+
+
+class _Boom(BaseException):
+    pass
+
+
+class _RanBoom(sessionlog.Ran):
+    @property  # type: ignore[misc]
+    def output(self) -> object:
+        raise _Boom(SECRET)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_an_answer_raising_a_base_exception_when_read_is_a_failed_reconcile(
+    tmp_path: Path, runtime: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    tools = _deploy(lambda key, arguments: object.__new__(_RanBoom), Deploy())
+    _crashed(tmp_path / "s.jsonl", tools)
+    with caplog.at_level(logging.WARNING):
+        progressed, reconciled, content = _resumed(tmp_path / "s.jsonl", tools, runtime)
+    assert progressed and content == INTERRUPTED
+    assert reconciled[0].why == "reading reconcile's answer raised _Boom" and SECRET not in caplog.text
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("answer", ["ran", "notRun"])
+def test_the_note_is_the_last_line_of_an_output_holding_a_lone_surrogate(
+    tmp_path: Path, runtime: str, answer: str
+) -> None:
+    text = "a\ud800b"
+    runs: list[str] = []
+
+    def deploy(arguments: dict[str, Any], key: str) -> object:
+        runs.append(key)
+        if len(runs) == 1:
+            raise Killed
+        return text
+
+    def status(key: str, arguments: dict[str, Any]) -> object:
+        return sessionlog.Ran(text) if answer == "ran" else sessionlog.DidNotRun()
+
+    tools = [sessionlog.Tool("deploy", deploy, reconcile=status)]
+    _crashed(tmp_path / "s.jsonl", tools)
+    _, _, content = _resumed(tmp_path / "s.jsonl", tools, runtime)
+    assert content.startswith("a\\ud800b\n[sessionlog: 1 character(s) not encodable")
+    assert sessionlog.runtime_reconcile.reconciliation(content) == answer
+
+
+def test_the_note_is_the_last_line_of_an_output_too_long_for_the_store(tmp_path: Path) -> None:
+    tools = _deploy(lambda key, arguments: sessionlog.Ran("x" * 20_000), Deploy())
+    _crashed(tmp_path / "s.jsonl", tools)
+    with sessionlog.open(tmp_path / "s.jsonl", "jsonl", max_line_bytes=8192) as store:
+        session = sessionlog.Session(store, tools=tools, model="m")
+        assert session.resume() is not None
+        content = session.state.transcript[-1]["content"]
+    assert content.startswith("Error: [sessionlog: the tool's output was 20000 bytes, too long")
+    assert sessionlog.runtime_reconcile.reconciliation(content) == "ran"
+
+
+def test_a_given_up_coroutine_that_stops_later_is_dropped(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Its late SystemExit reaches nobody: the loop goes on, nothing is printed."""
+    events: dict[str, asyncio.Event] = {}
+
+    async def stubborn(key: str, arguments: dict[str, Any]) -> object:
+        with contextlib.suppress(asyncio.CancelledError):  # ignores the timeout's cancellation
+            await asyncio.sleep(3600)
+        await events["release"].wait()
+        events["raised"].set()
+        raise SystemExit(SECRET)
+
+    tools = _deploy(stubborn, Deploy(), reconcile_timeout=0.1)
+    _crashed(tmp_path / "s.jsonl", tools)
+
+    async def main() -> str:
+        events.update(release=asyncio.Event(), raised=asyncio.Event())
+        store = await sessionlog.open_async(tmp_path / "s.jsonl", "jsonl-async")
+        session = sessionlog.AsyncSession(store, tools=tools, model="m")
+        await session.resume()
+        events["release"].set()
+        await asyncio.wait_for(events["raised"].wait(), 60)  # a bound, should the test fail
+        for _ in range(3):
+            await asyncio.sleep(0)  # the task ends: its SystemExit would leave the loop here
+        content = (await session.state()).transcript[-1]["content"]
+        await store.close()
+        return content
+
+    assert asyncio.run(main()) == INTERRUPTED
+    out, err = capfd.readouterr()
+    assert SECRET not in out + err

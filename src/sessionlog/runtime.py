@@ -300,9 +300,9 @@ class ToolCall(ToolCallBase):
         try:
             output = self.call_tool()
         except Exception as error:
-            return self._record(noted(failure_text(error), self.note), False, None)
+            return self._record(failure_text(error), False, None, self.note)
         text, ok = tool_output(self.name, output)
-        return self._record(noted(text, self.note), ok, None)
+        return self._record(text, ok, None, self.note)
 
     def finish(self, output: str, *, ok: bool = True, usage: Mapping[str, int] | None = None) -> None:
         """Record the tool's output (and its usage) in one transaction (after `begin`)."""
@@ -316,17 +316,18 @@ class ToolCall(ToolCallBase):
 
     def record_reconciled(self, text: str, ok: bool) -> str:
         """The result reconciliation found (`Ran`): the call ran before the crash."""
-        return self._record(text, ok, None)
+        return self._record(text, ok, None, "ran")
 
-    def _record(self, output: str, ok: bool, usage: Mapping[str, int] | None) -> str:
-        """The result; an output above the store's line limit as an error result saying so."""
+    def _record(self, output: str, ok: bool, usage: Mapping[str, int] | None, note: str | None = None) -> str:
+        """The result; an output above the store's line limit as an error result saying so.
+        `note`: what reconciliation decided (`runtime_reconcile.noted`)."""
         store = self.session.store
         self.check_can_record(store.load())
         try:
-            store.commit(result_facts(self.start, output, ok, usage))
+            store.commit(result_facts(self.start, output, ok, usage, note))
         except ValueError as error:
             if not oversized(error):
                 raise
             output = oversized_text(output, error)
-            store.commit(result_facts(self.start, output, False, usage))
-        return output
+            store.commit(result_facts(self.start, output, False, usage, note))
+        return noted(output, note)

@@ -218,9 +218,9 @@ class AsyncToolCall(ToolCallBase):
             if inspect.isawaitable(output):
                 output = await output
         except Exception as error:
-            return await self._record(noted(failure_text(error), self.note), False, None)
+            return await self._record(failure_text(error), False, None, self.note)
         text, ok = tool_output(self.name, output)
-        return await self._record(noted(text, self.note), ok, None)
+        return await self._record(text, ok, None, self.note)
 
     async def finish(self, output: str, *, ok: bool = True, usage: Mapping[str, int] | None = None) -> None:
         self._check_begun()
@@ -233,15 +233,17 @@ class AsyncToolCall(ToolCallBase):
 
     async def record_reconciled(self, text: str, ok: bool) -> str:
         """The result reconciliation found (`Ran`): the call ran before the crash."""
-        return await self._record(text, ok, None)
+        return await self._record(text, ok, None, "ran")
 
-    async def _record(self, output: str, ok: bool, usage: Mapping[str, int] | None) -> str:
+    async def _record(
+        self, output: str, ok: bool, usage: Mapping[str, int] | None, note: str | None = None
+    ) -> str:
         self.check_can_record(await self.session.state())
         try:
-            await self.session.commit(result_facts(self.start, output, ok, usage))
+            await self.session.commit(result_facts(self.start, output, ok, usage, note))
         except ValueError as error:
             if not oversized(error):
                 raise
             output = oversized_text(output, error)
-            await self.session.commit(result_facts(self.start, output, False, usage))
-        return output
+            await self.session.commit(result_facts(self.start, output, False, usage, note))
+        return noted(output, note)

@@ -131,7 +131,9 @@ def decision(tool: Tool, start: ToolStart, answer: object) -> tuple[Reconciled, 
         decided, why, ran = _read(tool, start, answer)
     except _WrongAnswer as wrong:
         decided, why, ran, failed = "unknown", wrong.why, None, True
-    except Exception as error:  # reading the answer ran its code: a failure of fn's, as any
+    except (KeyboardInterrupt, SystemExit):  # the process is asked to stop: never swallowed
+        raise
+    except BaseException as error:  # reading the answer ran its code: a failure of fn's, as any
         decided, why, ran = "unknown", f"reading reconcile's answer raised {type(error).__name__}", None
         failed = True
     reconciled = Reconciled(
@@ -177,13 +179,13 @@ def _warn(reconciled: Reconciled, what: str) -> None:
 
 
 def ran_output(tool: Tool, reconciled: Reconciled, ran: Ran) -> tuple[str, bool]:
-    """What a `Ran` answer commits: its output as result text, with `RAN_NOTE`; an output that
-    is no JSON value is an error result, logged."""
-    what = None if isinstance(ran.output, str) else unrecordable(ran.output)
+    """What a `Ran` answer commits: its output as result text (to be `noted` with `ran`); an
+    output that is no JSON value is an error result, logged."""
+    what = unrecordable(ran.output)
     if what is not None:
         _warn(reconciled, f"Ran's output is {what}: committed as an error result")
     text, ok = tool_output(tool.name, ran.output)
-    return noted(text, "ran"), ok and ran.ok
+    return text, ok and ran.ok
 
 
 def noted(text: str, decided: str | None) -> str:
@@ -246,19 +248,31 @@ async def _awaited(answer: Any) -> Any:
     return await answer
 
 
-async def _guarded(reconcile: Any, start: ToolStart) -> Any:
-    """A coroutine function's answer, or its failure as a failed-reconcile answer: never the task's
-    exception, which asyncio reports with its text (a secret of the call's, maybe) when nobody
-    retrieves it, as at `asyncio.run`'s shutdown for a given-up question. A stop
-    (KeyboardInterrupt, SystemExit) and a cancellation pass."""
-    import asyncio  # loaded already: this runs on its loop
+class _Question:
+    """A coroutine function's question, as a task runs it: its answer, or its failure as a
+    failed-reconcile answer, never the task's exception, which asyncio reports with its text (a
+    secret of the call's, maybe) when nobody retrieves it, as at `asyncio.run`'s shutdown for a
+    given-up question. A cancellation passes, and a stop (KeyboardInterrupt, SystemExit) too
+    unless the question was given up (`given_up`: nobody waits for it, so it is dropped)."""
 
-    try:
-        return await reconcile(start.key, start.arguments)
-    except (KeyboardInterrupt, SystemExit, asyncio.CancelledError):
-        raise
-    except BaseException as error:
-        return _raised(error)
+    def __init__(self, reconcile: Any, start: ToolStart) -> None:
+        self.reconcile = reconcile
+        self.start = start
+        self.given_up = False
+
+    async def asked(self) -> Any:
+        import asyncio  # loaded already: this runs on its loop
+
+        try:
+            return await self.reconcile(self.start.key, self.start.arguments)
+        except asyncio.CancelledError:
+            raise
+        except (KeyboardInterrupt, SystemExit) as stop:
+            if self.given_up:
+                return _raised(stop)
+            raise
+        except BaseException as error:
+            return _raised(error)
 
 
 def thread_name(tool: Tool, start: ToolStart) -> str:
@@ -290,14 +304,17 @@ async def ask_async(tool: Tool, start: ToolStart) -> object:
     if not inspect.iscoroutinefunction(reconcile):
         return await asyncio.to_thread(ask, tool, start)
     began = time.monotonic()
-    task = asyncio.ensure_future(_guarded(reconcile, start))
+    question = _Question(reconcile, start)
+    task = asyncio.ensure_future(question.asked())
     try:
         done, _ = await asyncio.wait({task}, timeout=tool.reconcile_timeout)
     except BaseException:  # the resume itself was cancelled: so is the question
+        question.given_up = True
         task.cancel()
         raise
     if not done:
-        task.cancel()  # given up: whatever it ends with is dropped (`_guarded`)
+        question.given_up = True
+        task.cancel()  # whatever it ends with is dropped (`_Question`)
         return _timed_out(tool)
     if task.cancelled():
         return _Failed("reconcile was cancelled")

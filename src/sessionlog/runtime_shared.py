@@ -28,7 +28,7 @@ from .runtime_facts import (
     declarations,
     has_result,
 )
-from .runtime_reconcile import Reconciled
+from .runtime_reconcile import Reconciled, noted
 from .tools import Configuration, Tool, Tools, recordable_text
 
 Fact = dict[str, Any]
@@ -114,16 +114,25 @@ def blocked_end_facts(state: SessionState, configuration: Configuration) -> tupl
     return end_facts(state, found), run_prompt(state)
 
 
-def result_facts(start: ToolStart, output: str, ok: bool, usage: Mapping[str, int] | None) -> list[Fact]:
-    """A tool's result under its intent's reserved id, and its usage: one transaction."""
-    facts = [start.result(recordable_text(output), ok=ok)]
+def result_facts(
+    start: ToolStart, output: str, ok: bool, usage: Mapping[str, int] | None, note: str | None = None
+) -> list[Fact]:
+    """A tool's result under its intent's reserved id, and its usage: one transaction. `note`:
+    what reconciliation decided (`runtime_reconcile.noted`), always the content's last line."""
+    facts = [start.result(noted(recordable_text(output), note), ok=ok)]
     if usage is not None:
         facts.append(build.usage(start.intent["operationId"], usage, tool_started_id=start.tool_started_id))
     return facts
 
 
 def failure_text(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
+    """An exception a tool raised, as its error result: its class and its text (never an
+    exception of its own: the tool ran, and its result must be recorded)."""
+    try:
+        text = str(error)
+    except Exception:  # a __str__ that raises
+        text = "(its text could not be read)"
+    return f"{type(error).__name__}: {text}"
 
 
 # -- what the twins share: who they are --------------------------------------------------------

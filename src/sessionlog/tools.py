@@ -109,7 +109,9 @@ NAME_SHOWN_WHOLE = 32
 """The longest tool name a declaration error shows whole (`deploy`, `search_knowledge_base`)."""
 
 
-def _named(name: str) -> str:
+def tool_named(name: str) -> str:
+    """A tool's name for a message: as written up to `NAME_SHOWN_WHOLE` characters, else by its
+    length and first characters (`core.errors.short_shown`)."""
     return short_shown(name, "name", NAME_SHOWN_WHOLE)
 
 
@@ -153,25 +155,25 @@ class Tool:
             raise TypeError(f"a tool's name is a string, not {type(self.name).__name__}")
         for key in ("description",):
             if not isinstance(getattr(self, key), str):
-                raise TypeError(f"tool {_named(self.name)}: {key} is a string")
+                raise TypeError(f"tool {tool_named(self.name)}: {key} is a string")
         if not isinstance(self.parameters, Mapping):
-            raise TypeError(f"tool {_named(self.name)}: parameters is a mapping (a JSON schema)")
+            raise TypeError(f"tool {tool_named(self.name)}: parameters is a mapping (a JSON schema)")
         if self.replay_key is not None and not isinstance(self.replay_key, str):
-            raise TypeError(f"tool {_named(self.name)}: replay_key is a string or None")
+            raise TypeError(f"tool {tool_named(self.name)}: replay_key is a string or None")
         if not self.name:
-            raise ValueError(f"a tool's name is a non-empty string, not {_named(self.name)}")
+            raise ValueError(f"a tool's name is a non-empty string, not {tool_named(self.name)}")
         if self.replay_key == "":  # `key` would silently fall back to the default
-            raise ValueError(f"tool {_named(self.name)}: replay_key is a non-empty string or None")
+            raise ValueError(f"tool {tool_named(self.name)}: replay_key is a non-empty string or None")
         if self.replay not in ("safe", "never"):
             raise ValueError(
-                f"tool {_named(self.name)}: replay is 'safe' or 'never', not {shown(self.replay)}"
+                f"tool {tool_named(self.name)}: replay is 'safe' or 'never', not {shown(self.replay)}"
             )
         if not callable(self.run):
-            raise TypeError(f"tool {_named(self.name)}: run must be callable")
+            raise TypeError(f"tool {tool_named(self.name)}: run must be callable")
         if type(self.idempotent) is not bool:
-            raise TypeError(f"tool {_named(self.name)}: idempotent is True or False")
+            raise TypeError(f"tool {tool_named(self.name)}: idempotent is True or False")
         if self.reconcile is not None and not callable(self.reconcile):
-            raise TypeError(f"tool {_named(self.name)}: reconcile is a function (key, arguments) or None")
+            raise TypeError(f"tool {tool_named(self.name)}: reconcile is a function (key, arguments) or None")
         timeout = self.reconcile_timeout
         if (
             isinstance(timeout, bool)
@@ -180,13 +182,13 @@ class Tool:
         ):
             # above TIMEOUT_MAX (inf, 1e300) a thread's wait raises OverflowError: every resume would fail
             raise ValueError(
-                f"tool {_named(self.name)}: reconcile_timeout is a number of seconds above 0, "
+                f"tool {tool_named(self.name)}: reconcile_timeout is a number of seconds above 0, "
                 f"at most threading.TIMEOUT_MAX ({TIMEOUT_MAX:g})"
             )
         if self.idempotent and self.reconcile is not None:
             raise ValueError(
-                f"tool {_named(self.name)}: idempotent and reconcile exclude each other (an idempotent tool "
-                "is run again with its key; reconcile asks about a tool that must not be)"
+                f"tool {tool_named(self.name)}: idempotent and reconcile exclude each other (an "
+                "idempotent tool is run again with its key; reconcile asks about a tool that must not be)"
             )
         self._check_contradictions()
         # in the contract's terms an idempotent tool is safe, under its own replay key
@@ -195,18 +197,19 @@ class Tool:
         object.__setattr__(self, "reconcile_timeout", float(self.reconcile_timeout))
         if self.reconcile is not None and self.replay == "safe":
             raise ValueError(
-                f"tool {_named(self.name)}: reconcile is for a tool recovery never runs again "
+                f"tool {tool_named(self.name)}: reconcile is for a tool recovery never runs again "
                 "(replay='never')"
             )
         if self.replay_key is not None and self.replay == "never":
             raise ValueError(
-                f"tool {_named(self.name)}: replay_key names what a replay must match, and a replay='never' "
-                "tool is never replayed (declare it replay='safe' or idempotent=True, or drop replay_key)"
+                f"tool {tool_named(self.name)}: replay_key names what a replay must match, and a "
+                "replay='never' tool is never replayed (declare it replay='safe' or idempotent=True, or "
+                "drop replay_key)"
             )
 
     def _check_contradictions(self) -> None:
         """Refuse declarations that would silently override each other."""
-        name = _named(self.name)
+        name = tool_named(self.name)
         if self.idempotent and self.replay is not _REPLAY_NOT_GIVEN and self.replay == "never":
             raise ValueError(
                 f"tool {name}: idempotent=True is replay='safe' (replayed with its key), and "
@@ -258,7 +261,7 @@ class Tools(Mapping[str, Tool]):
             if not isinstance(tool, Tool):
                 raise TypeError(f"Tools takes Tool declarations, not {type(tool).__name__}")
             if tool.name in self._tools:
-                raise ValueError(f"tool {_named(tool.name)} is declared twice")
+                raise ValueError(f"tool {tool_named(tool.name)} is declared twice")
             self._tools[tool.name] = tool
 
     def __getitem__(self, name: str) -> Tool:
@@ -348,24 +351,30 @@ def tool_output(name: str, output: object) -> tuple[str, bool]:
     compact JSON text; anything else (a value of another type, an integer beyond 64 bits, a
     value nested deeper than `MAX_NESTING_DEPTH`, one that holds itself) an error result saying
     what it was, never an exception: the call ran, and its result must be recorded."""
-    if isinstance(output, str):
-        return str.__str__(output), True
     what = unrecordable(output)
     if what is not None:
         return f"Error: tool {name!r} returned {what}, not text or a JSON value", False
+    if issubclass(type(output), str):  # by its type: an object may claim to be a str
+        return str.__str__(output), True
     return json.dumps(output, ensure_ascii=False, separators=(",", ":")), True
 
 
 def unrecordable(output: object) -> str | None:
-    """What makes a tool's output no JSON value a result can hold (`a value of type bytes at
-    [0]`), None when it is one."""
-    found = first_non_json(output)
-    if found is not None:
-        path, what = found
-        what = f"a value {what}" if what.startswith("of type") else what
-        return f"{what} at {path}" if path and path != "the fact" else what  # "the fact": the top
-    if _nested_deeper(output, MAX_NESTING_DEPTH):  # where the walk above stops, as orjson does
-        return f"a value nested deeper than {MAX_NESTING_DEPTH} arrays or objects"
+    """What makes a tool's output neither text nor a JSON value a result can hold (`a value
+    of type bytes at [0]`), None when it is one. Read by types alone; a value whose own code
+    raises when read (a metaclass's `__eq__`) is named as one that could not be read."""
+    try:
+        if issubclass(type(output), str):
+            return None
+        found = first_non_json(output)
+        if found is not None:
+            path, what = found
+            what = f"a value {what}" if what.startswith("of type") else what
+            return f"{what} at {path}" if path and path != "the fact" else what  # "the fact": the top
+        if _nested_deeper(output, MAX_NESTING_DEPTH):  # where the walk above stops, as orjson does
+            return f"a value nested deeper than {MAX_NESTING_DEPTH} arrays or objects"
+    except Exception as error:  # never raised after the tool ran: its result must be recorded
+        return f"a value that could not be read ({type(error).__name__} reading it)"
     return None
 
 

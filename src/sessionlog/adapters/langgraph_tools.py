@@ -99,7 +99,7 @@ from ..repositories.keys import key_problem, key_shown
 from ..runtime_facts import oversized, oversized_text
 from ..runtime_reconcile import ask, decision, noted, ran_output
 from ..runtime_shared import failure_text, result_facts
-from ..tools import Configuration, ReconcileFunction, Tool, Tools, tool_output
+from ..tools import Configuration, ReconcileFunction, Tool, Tools, tool_named, tool_output
 from .labels import TOOL_LEDGER, thread_label
 
 __all__ = ["ADAPTER", "LedgerError", "ToolLedger", "idempotency_key"]
@@ -313,8 +313,8 @@ class ToolLedger:
                 return _Run(step.start, "notRun")
             if ran is not None:
                 text, ok = ran_output(tool, reconciled, ran)
-                self._record(book.store, step.start, text, ok, configuration)
-                return _Done(text, ok)
+                self._record(book.store, step.start, text, ok, configuration, "ran")
+                return _Done(noted(text, "ran"), ok)
             # Unknown, a failure, a timeout, or any other answer: the contract's safe answer
             return self._interrupted(book.store, step.start.intent, configuration)
 
@@ -335,26 +335,30 @@ class ToolLedger:
             raise
         except Exception as error:
             with book.lock:
-                self._record(
-                    book.store, step.start, noted(failure_text(error), step.note), False, configuration
-                )
+                self._record(book.store, step.start, failure_text(error), False, configuration, step.note)
             raise
         finally:
             _KEY.reset(token)
         text, ok = _output_text(step.start.tool_name, output)
         with book.lock:
-            self._record(book.store, step.start, noted(text, step.note), ok, configuration)
+            self._record(book.store, step.start, text, ok, configuration, step.note)
         return output
 
     def _record(
-        self, store: Any, start: ToolStart, text: str, ok: bool, configuration: Configuration
+        self,
+        store: Any,
+        start: ToolStart,
+        text: str,
+        ok: bool,
+        configuration: Configuration,
+        note: str | None = None,
     ) -> None:
         try:
-            store.commit(result_facts(start, text, ok, None))
+            store.commit(result_facts(start, text, ok, None, note))
         except ValueError as error:
             if not oversized(error):
                 raise
-            store.commit(result_facts(start, oversized_text(text, error), False, None))
+            store.commit(result_facts(start, oversized_text(text, error), False, None, note))
         _end_if_settled(store, configuration)
 
     # -- sessions, declarations, messages ------------------------------------------------------
@@ -432,7 +436,7 @@ class ToolLedger:
             ("reconcile", self.reconcile),
         ):
             for name in sorted(set(names) - set(tools)):
-                raise LedgerError(f"{kind} names tool {name!r}, which is not a tool of the node")
+                raise LedgerError(f"{kind} names tool {tool_named(name)}, which is not a tool of the node")
 
     def _message_of(self, state: Any, call_id: str) -> AIMessage:
         """The AI message in the graph state that holds call `call_id` (the latest such)."""

@@ -112,7 +112,7 @@ def first_non_json(value: Any) -> tuple[str, str] | None:
     while stack:
         path, item, depth = stack.pop()
         kind = type(item)
-        if depth > MAX_NESTING_DEPTH and kind in (dict, list):
+        if depth > MAX_NESTING_DEPTH and (kind is dict or kind is list):  # `is`: a metaclass's == may raise
             return None
         if kind is dict:
             for key in reversed(list(item)):
@@ -131,7 +131,7 @@ def first_non_json(value: Any) -> tuple[str, str] | None:
         elif kind is int:
             if not -_MAX_INT <= item < 1 << 64:
                 return path, "an integer beyond 64 bits"
-        elif kind not in (str, bool) and item is not None:
+        elif kind is not str and kind is not bool and item is not None:
             return (
                 path,
                 f"of type {kind.__module__}.{kind.__qualname__}"
