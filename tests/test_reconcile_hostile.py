@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import enum
 import logging
 from pathlib import Path
 from typing import Any
@@ -454,3 +455,124 @@ def test_a_given_up_coroutine_that_stops_later_is_dropped(
     assert asyncio.run(main()) == INTERRUPTED
     out, err = capfd.readouterr()
     assert SECRET not in out + err
+
+
+# -- a fourth try: type names read from the type object, BaseExceptions, str subclasses -----------
+
+
+class _NamelessMeta(type):
+    @property
+    def __name__(cls) -> str:  # type: ignore[override]
+        raise RuntimeError(SECRET)
+
+
+class _Nameless(Exception, metaclass=_NamelessMeta):
+    pass
+
+
+class _BaseUnprintable(Exception):
+    def __str__(self) -> str:
+        raise _Boom(SECRET)
+
+
+class _ClassRaises:
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        raise RuntimeError(SECRET)
+
+
+def _raise(error: BaseException) -> object:
+    raise error
+
+
+MORE_OUTPUTS = {
+    "nameless-exception": (lambda: _raise(_Nameless()), "_Nameless: "),
+    "str-raises-base": (lambda: _raise(_BaseUnprintable()), "_BaseUnprintable: (its text could not be read)"),
+    "class-raises": (_ClassRaises, "a value of type test_reconcile_hostile._ClassRaises"),
+}
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("case", list(MORE_OUTPUTS))
+def test_a_tool_run_after_did_not_run_is_recorded_whatever_its_type_says(
+    tmp_path: Path, runtime: str, case: str
+) -> None:
+    make, shown = MORE_OUTPUTS[case]
+    runs: list[str] = []
+
+    def deploy(arguments: dict[str, Any], key: str) -> object:
+        runs.append(key)
+        if len(runs) == 1:
+            raise Killed
+        return make()
+
+    tools = [sessionlog.Tool("deploy", deploy, reconcile=lambda key, arguments: sessionlog.DidNotRun())]
+    _crashed(tmp_path / "s.jsonl", tools)
+    for _ in range(3):
+        progressed, _, content = _resumed(tmp_path / "s.jsonl", tools, runtime)
+        assert progressed
+    assert len(runs) == 2 and shown in content and SECRET not in content
+    assert sessionlog.runtime_reconcile.reconciliation(content) == "notRun"
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_reconcile_raising_a_nameless_exception_is_a_failed_reconcile(
+    tmp_path: Path, runtime: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    tools = _deploy(raiser(_Nameless, runtime == "async"), Deploy())
+    _crashed(tmp_path / "s.jsonl", tools)
+    progressed, reconciled, content = _resumed(tmp_path / "s.jsonl", tools, runtime)
+    assert progressed and content == INTERRUPTED and reconciled[0].why == "reconcile raised _Nameless"
+    out, err = capfd.readouterr()
+    assert SECRET not in out + err
+
+
+class _Status(enum.StrEnum):
+    DEPLOYED = "deployed"
+
+
+TWO_CALLS = [{"id": "1", "name": "deploy", "arguments": {}}, {"id": "2", "name": "deploy", "arguments": {}}]
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_str_subclass_is_recorded_as_the_string_it_holds(tmp_path: Path, runtime: str) -> None:
+    """A StrEnum member from `finish` or a tool's run: the plain string (it was a ValidationError
+    after the tool ran)."""
+    tools = [sessionlog.Tool("deploy", lambda arguments: _Status.DEPLOYED)]
+    path = tmp_path / "s.jsonl"
+    if runtime == "sync":
+        with sessionlog.create(path, "jsonl", provider="p", model="m") as store:
+            run = sessionlog.Session(store, tools=tools, model="m").start("go")
+            run.attempt().settle(None, TWO_CALLS)
+            first, second = run.start_tools()
+            first.run()
+            second.begin()
+            second.finish(_Status.DEPLOYED)
+            contents = [message["content"] for message in store.load().transcript[-2:]]
+    else:
+
+        async def main() -> list[str]:
+            store = await sessionlog.create_async(path, "jsonl-async", provider="p", model="m")
+            run = await sessionlog.AsyncSession(store, tools=tools, model="m").start("go")
+            await (await run.attempt()).settle(None, TWO_CALLS)
+            first, second = await run.start_tools()
+            await first.run()
+            await second.begin()
+            await second.finish(_Status.DEPLOYED)
+            state = await store.load()
+            await store.close()
+            return [message["content"] for message in state.transcript[-2:]]
+
+        contents = asyncio.run(main())
+    assert contents == ["deployed", "deployed"] and all(type(text) is str for text in contents)
+
+
+def test_the_openai_agents_output_of_a_str_subclass_or_an_unreadable_value_is_recorded() -> None:
+    from sessionlog.adapters.openai_agents_items import Carry, output_text
+
+    assert output_text(_Status.DEPLOYED, Carry(), "the output") == ("deployed", [])
+    text, _ = output_text(_ClassRaises(), Carry(), "the output of call 'c1'")
+    assert text == (
+        "Error: the output of call 'c1' is a value of type test_reconcile_hostile._ClassRaises, "
+        "not text or a JSON value"
+    )

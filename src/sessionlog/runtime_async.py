@@ -8,7 +8,6 @@ awaited step (or `await session.state()`)."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,7 +42,7 @@ from .runtime_shared import (
     replay_start,
     result_facts,
 )
-from .tools import tool_output
+from .tools import awaitable, tool_output
 
 
 class AsyncSession(SessionBase):
@@ -215,7 +214,7 @@ class AsyncToolCall(ToolCallBase):
         self.tool_ran = True
         try:
             output = self.call_tool()
-            if inspect.isawaitable(output):
+            if awaitable(output):  # by its type: an output's own code never runs here
                 output = await output
         except Exception as error:
             return await self._record(failure_text(error), False, None, self.note)

@@ -52,6 +52,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from .core.errors import type_named
 from .core.state import SessionState
 from .recovery import Plan, ToolStart
 from .tools import DidNotRun, Ran, Tool, Tools, Unknown, tool_output, unrecordable
@@ -134,7 +135,7 @@ def decision(tool: Tool, start: ToolStart, answer: object) -> tuple[Reconciled, 
     except (KeyboardInterrupt, SystemExit):  # the process is asked to stop: never swallowed
         raise
     except BaseException as error:  # reading the answer ran its code: a failure of fn's, as any
-        decided, why, ran = "unknown", f"reading reconcile's answer raised {type(error).__name__}", None
+        decided, why, ran = "unknown", f"reading reconcile's answer raised {type_named(error)}", None
         failed = True
     reconciled = Reconciled(
         tool.name, int(start.intent["toolIndex"]), str(start.intent["toolCallId"]), start.key, decided, why
@@ -151,7 +152,7 @@ def _read(tool: Tool, start: ToolStart, answer: object) -> tuple[Decision, str, 
     if issubclass(kind, Ran):
         ran = cast(Ran, answer)
         if type(ran.ok) is not bool:  # forced past Ran's own check
-            raise _WrongAnswer(f"Ran(ok=...) is a {type(ran.ok).__name__}, not True or False")
+            raise _WrongAnswer(f"Ran(ok=...) is a {type_named(ran.ok)}, not True or False")
         return "ran", "", Ran(ran.output, ran.ok)
     if issubclass(kind, DidNotRun):
         if start.intent["replayKey"] != tool.key:  # a never tool's key names its definition's digest
@@ -163,9 +164,11 @@ def _read(tool: Tool, start: ToolStart, answer: object) -> tuple[Decision, str, 
     if issubclass(kind, Unknown):
         why = cast(Unknown, answer).why
         if not issubclass(type(why), str):  # forced past Unknown's own check
-            raise _WrongAnswer(f"Unknown(why) holds a value of type {type(why).__name__}, not a string")
+            raise _WrongAnswer(f"Unknown(why) holds a value of type {type_named(why)}, not a string")
         return "unknown", str.__str__(why), None
-    raise _WrongAnswer(f"reconcile returned a {kind.__name__}, not Ran(output), DidNotRun() or Unknown(why)")
+    raise _WrongAnswer(
+        f"reconcile returned a {type_named(answer)}, not Ran(output), DidNotRun() or Unknown(why)"
+    )
 
 
 def _warn(reconciled: Reconciled, what: str) -> None:
@@ -212,7 +215,7 @@ def _timed_out(tool: Tool) -> _Failed:
 
 
 def _raised(error: BaseException) -> _Failed:
-    return _Failed(f"reconcile raised {type(error).__name__}")
+    return _Failed(f"reconcile raised {type_named(error)}")
 
 
 class _Asked:

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .core import facts as build
+from .core.errors import type_named
 from .core.state import SessionState, copy_json
 from .recovery import (
     ToolStart,
@@ -130,9 +131,11 @@ def failure_text(error: BaseException) -> str:
     exception of its own: the tool ran, and its result must be recorded)."""
     try:
         text = str(error)
-    except Exception:  # a __str__ that raises
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:  # a __str__ that raises
         text = "(its text could not be read)"
-    return f"{type(error).__name__}: {text}"
+    return f"{type_named(error)}: {text}"
 
 
 # -- what the twins share: who they are --------------------------------------------------------

@@ -26,14 +26,15 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from threading import TIMEOUT_MAX
+from types import GeneratorType
 from typing import Any
 
 from .core.canonical import canonical, configuration_digest, digest
 from .core.commit import first_non_json
-from .core.errors import short_shown, shown
+from .core.errors import short_shown, shown, type_named
 from .core.framing import MAX_NESTING_DEPTH
 from .schema import CurrentConfiguration, CurrentTool, Replay
 
@@ -334,7 +335,10 @@ class Configuration:
 def recordable_text(text: str) -> str:
     """The one rule for output that cannot be encoded as UTF-8 (lone surrogates, e.g. a
     non-UTF-8 file name from `os.listdir`): each such character is written as its `\\uXXXX`
-    escape, and a note saying so is appended to the content."""
+    escape, and a note saying so is appended to the content. A `str` subclass (a `StrEnum`
+    member) is recorded as the plain string it holds."""
+    if issubclass(type(text), str):  # by its type: none of a subclass's methods run
+        text = str.__str__(text)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -344,6 +348,21 @@ def recordable_text(text: str) -> str:
             f"{escaped}\n[sessionlog: {count} character(s) not encodable as UTF-8 written as \\uXXXX escapes]"
         )
     return text
+
+
+def awaitable(value: object) -> bool:
+    """`inspect.isawaitable` by the value's type alone (a tool's output may be anything, and
+    none of its code runs here: `isinstance` would believe its `__class__`); False when even its
+    type cannot say."""
+    try:
+        kind = type(value)
+        if issubclass(kind, Awaitable):
+            return True
+        return kind is GeneratorType and bool(value.gi_code.co_flags & inspect.CO_ITERABLE_COROUTINE)  # type: ignore[attr-defined]
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:
+        return False
 
 
 def tool_output(name: str, output: object) -> tuple[str, bool]:
@@ -373,8 +392,10 @@ def unrecordable(output: object) -> str | None:
             return f"{what} at {path}" if path and path != "the fact" else what  # "the fact": the top
         if _nested_deeper(output, MAX_NESTING_DEPTH):  # where the walk above stops, as orjson does
             return f"a value nested deeper than {MAX_NESTING_DEPTH} arrays or objects"
-    except Exception as error:  # never raised after the tool ran: its result must be recorded
-        return f"a value that could not be read ({type(error).__name__} reading it)"
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as error:  # never raised after the tool ran: its result must be recorded
+        return f"a value that could not be read ({type_named(error)} reading it)"
     return None
 
 

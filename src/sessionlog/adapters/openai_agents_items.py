@@ -23,6 +23,7 @@ from typing import Any, Literal
 import orjson
 
 from ..core.errors import SessionLogError, name_shown, shown
+from ..tools import unrecordable
 
 Choice = Literal["refuse", "drop"]
 
@@ -240,11 +241,14 @@ def answer_of(output: Sequence[Any], carry: Carry) -> Answer:
 def output_text(output: Any, carry: Carry, where: str) -> tuple[str, list[str]]:
     """A function call output as the tool result's text: a string as it is, a list of parts as
     its text parts (others refused or dropped)."""
-    if isinstance(output, str):
-        return output, []
+    if issubclass(type(output), str):  # by its type: a StrEnum member is the string it holds
+        return str.__str__(output), []
     drops: list[str] = []
-    if isinstance(output, list | tuple):
+    if issubclass(type(output), list | tuple):
         return _text_of(output, carry, where, drops), drops
+    what = unrecordable(output)
+    if what is not None:  # the tool ran: its result is recorded, saying what it returned
+        return f"Error: {where} is {what}, not text or a JSON value", []
     return orjson.dumps(output).decode(), []
 
 

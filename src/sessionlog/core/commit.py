@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from . import shapes
-from .errors import ContractError, ValidationError, shown
+from .errors import ContractError, ValidationError, shown, type_named
 from .framing import DEFAULT_MAX_LINE_BYTES, MAX_NESTING_DEPTH
 from .ids import new_id
 from .reducer import Reducer
@@ -117,7 +117,7 @@ def first_non_json(value: Any) -> tuple[str, str] | None:
         if kind is dict:
             for key in reversed(list(item)):
                 if type(key) is not str:
-                    return path or "the fact", f"an object with a key of type {type(key).__name__}"
+                    return path or "the fact", f"an object with a key of type {type_named(key)}"
                 step = key if key in CONTRACT_KEYS else f"[{shown(key)}]"
                 where = f"{path}.{step}" if path and step[0] != "[" else f"{path}{step}"
                 stack.append((where, item[key], depth + 1))
@@ -132,12 +132,7 @@ def first_non_json(value: Any) -> tuple[str, str] | None:
             if not -_MAX_INT <= item < 1 << 64:
                 return path, "an integer beyond 64 bits"
         elif kind is not str and kind is not bool and item is not None:
-            return (
-                path,
-                f"of type {kind.__module__}.{kind.__qualname__}"
-                if kind.__module__ != "builtins"
-                else (f"of type {kind.__qualname__}"),
-            )
+            return path, f"of type {type_named(item, qualified=True)}"
     return None
 
 

@@ -60,6 +60,25 @@ def shown(value: object) -> str:
 
 SHOWN_PREFIX = 8  # characters, at most, of a string in a message (see `shown`)
 
+_TYPE_NAME = type.__dict__["__name__"]
+_TYPE_QUALNAME = type.__dict__["__qualname__"]
+_TYPE_DICT = type.__dict__["__dict__"]
+
+
+def type_named(value: object, qualified: bool = False) -> str:
+    """The name of `value`'s type (its qualified name and module, `qualified`), read from the
+    type object itself, so that no code of the value's runs: a metaclass may override
+    `__name__`, and a message about a value a tool returned must never raise."""
+    kind = type(value)
+    try:
+        if not qualified:
+            return str.__str__(_TYPE_NAME.__get__(kind))
+        name = str.__str__(_TYPE_QUALNAME.__get__(kind))
+        module = _TYPE_DICT.__get__(kind).get("__module__")  # the class body's, as written
+        return name if type(module) is not str or module == "builtins" else f"{module}.{name}"
+    except Exception:
+        return "an unnamed type"
+
 
 def short_shown(text: str, noun: str, whole: int) -> str:
     """A caller's name or key for a message: whole (escaped) when it is at most `whole`
