@@ -1,6 +1,10 @@
 """Randomness that replays: a red CI run's cases are the cases its rerun runs (a pytest plugin,
 loaded by conftest.py).
 
+Every process collects the same test ids: an id holding a memory address (an object's default
+repr) is refused at collection, since the two xdist workers would collect different tests and a
+rerun command could not name it.
+
 Under CI=true (or HYPOTHESIS_PROFILE=ci) Hypothesis runs derandomized, with no example database.
 The harnesses' seeds are fixed in the tests themselves (seed 0 unless a test names another). A
 failed test says how to run it again: one command, and the seeds it used."""
@@ -8,6 +12,7 @@ failed test says how to run it again: one command, and the seeds it used."""
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import pytest
@@ -17,6 +22,19 @@ settings.register_profile("ci", derandomize=True, database=None, print_blob=True
 CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 HYPOTHESIS_PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if CI else "default")
 settings.load_profile(HYPOTHESIS_PROFILE)
+# An object's default repr, '<module.Name object at 0x7f...>', cut anywhere after its name.
+ADDRESS = re.compile(r" object at\b| at 0x")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Refuse a test id that holds a memory address: it differs from process to process, so the
+    two xdist workers' collections disagree (a whole run errors, by chance) and no rerun finds it."""
+    addressed = [item.nodeid for item in items if ADDRESS.search(item.nodeid)]
+    if addressed:
+        raise pytest.UsageError(
+            f"{len(addressed)} test id(s) hold a memory address, which differs between processes "
+            "(give the parametrization ids of its own): " + ", ".join(addressed[:5])
+        )
 
 
 def rerun_command(item: pytest.Item) -> str:

@@ -70,3 +70,33 @@ def test_a_failed_test_names_the_command_that_reruns_it(tmp_path: Path) -> None:
     section = output[output.index("rerun") :]
     assert "CI=true python -m pytest -n 0 -m '' 'test_probe.py::test_fails'" in section, section
     assert "seeds:" in section and "Hypothesis profile 'ci'" in section, section
+
+
+ADDRESSED = """
+import pytest
+
+class Opaque:  # the default repr: '<test_probe.Opaque object at 0x7f...>'
+    pass
+
+@pytest.mark.parametrize("value", [1, Opaque()], ids=lambda value: repr(value)[:40])
+def test_value(value):
+    pass
+"""
+
+
+def test_a_test_id_holding_a_memory_address_is_refused_at_collection(tmp_path: Path) -> None:
+    """Each process collects its own ids: an id made of an object's default repr holds its address,
+    which differs between the two xdist workers (a whole default run ended in 'Different tests were
+    collected between gw1 and gw0' during a flake hunt) and between a run and its rerun."""
+    (tmp_path / "test_probe.py").write_text(ADDRESSED)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "replay", "-p", "no:cacheprovider", "-q", "-n", "0",
+         str(tmp_path / "test_probe.py")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 4, output  # pytest's usage error: nothing ran
+    assert "test_probe.py::test_value[<test_probe.Opaque object at 0x" in output, output
+    assert "a memory address" in output, output
+    assert "test_probe.py::test_value[1]" not in output, output  # only the ids at fault are named
