@@ -1,9 +1,10 @@
 """Randomness that replays: a red CI run's cases are the cases its rerun runs (a pytest plugin,
 loaded by conftest.py).
 
-Every process collects the same test ids: an id holding a memory address (an object's default
-repr) is refused at collection, since the two xdist workers would collect different tests and a
-rerun command could not name it.
+Every process collects the same test ids. The xdist workers get one PYTHONHASHSEED (0 under
+CI=true, else one drawn for the run, named by the rerun command), so that a set's order is the same
+in both; and an id holding a memory address (an object's default repr, `hex(id(x))`, a Mock) is
+refused at collection: it differs from process to process, and no rerun command can name it.
 
 Under CI=true (or HYPOTHESIS_PROFILE=ci) Hypothesis runs derandomized, with no example database.
 The harnesses' seeds are fixed in the tests themselves (seed 0 unless a test names another). A
@@ -12,6 +13,7 @@ failed test says how to run it again: one command, and the seeds it used."""
 from __future__ import annotations
 
 import os
+import random
 import re
 from typing import Any
 
@@ -22,8 +24,14 @@ settings.register_profile("ci", derandomize=True, database=None, print_blob=True
 CI = os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 HYPOTHESIS_PROFILE = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if CI else "default")
 settings.load_profile(HYPOTHESIS_PROFILE)
-# An object's default repr, '<module.Name object at 0x7f...>', cut anywhere after its name.
-ADDRESS = re.compile(r" object at\b| at 0x")
+# The hash seed this process started with (a worker: the one its controller set below), and the
+# one the workers this process starts will have.
+STARTED_HASH_SEED = os.environ.get("PYTHONHASHSEED")
+os.environ.setdefault("PYTHONHASHSEED", "0" if CI else str(random.randrange(1 << 32)))
+# An address: a default repr ('<x.Y object at 0x7f...>', cut anywhere after ' at 0x'), a long hex
+# number (`hex(id(x))`), a Mock's id. (Text such as 'the byte at 0x10' is refused too: its own
+# ids say it plainly.)
+ADDRESS = re.compile(r" at 0x|0x[0-9a-fA-F]{8,}|\bid='\d+'")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -39,7 +47,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def rerun_command(item: pytest.Item) -> str:
     """One command that reruns this test alone, in this process, with the same seeds."""
-    return f"CI=true python -m pytest -n 0 -m '' '{item.nodeid}'"
+    hash_seed = f"PYTHONHASHSEED={STARTED_HASH_SEED} " if STARTED_HASH_SEED is not None else ""
+    return f"{hash_seed}CI=true python -m pytest -n 0 -m '' '{item.nodeid}'"
 
 
 @pytest.hookimpl(wrapper=True)

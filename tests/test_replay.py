@@ -68,7 +68,9 @@ def test_outside_ci_hypothesis_searches_afresh(tmp_path: Path) -> None:
 def test_a_failed_test_names_the_command_that_reruns_it(tmp_path: Path) -> None:
     output = _run(tmp_path, "true")
     section = output[output.index("rerun") :]
-    assert "CI=true python -m pytest -n 0 -m '' 'test_probe.py::test_fails'" in section, section
+    hash_seed = os.environ["PYTHONHASHSEED"]  # set by the plugin for the processes it starts
+    command = f"PYTHONHASHSEED={hash_seed} CI=true python -m pytest -n 0 -m '' 'test_probe.py::test_fails'"
+    assert command in section, section
     assert "seeds:" in section and "Hypothesis profile 'ci'" in section, section
 
 
@@ -80,6 +82,10 @@ class Opaque:  # the default repr: '<test_probe.Opaque object at 0x7f...>'
 
 @pytest.mark.parametrize("value", [1, Opaque()], ids=lambda value: repr(value)[:40])
 def test_value(value):
+    pass
+
+@pytest.mark.parametrize("value", [Opaque()], ids=lambda value: hex(id(value)))
+def test_identity(value):
     pass
 """
 
@@ -99,4 +105,30 @@ def test_a_test_id_holding_a_memory_address_is_refused_at_collection(tmp_path: P
     assert done.returncode == 4, output  # pytest's usage error: nothing ran
     assert "test_probe.py::test_value[<test_probe.Opaque object at 0x" in output, output
     assert "a memory address" in output, output
+    assert re.search(r"test_probe.py::test_identity\[0x[0-9a-f]{8,}\]", output), output
     assert "test_probe.py::test_value[1]" not in output, output  # only the ids at fault are named
+
+
+UNORDERED = """
+import pytest
+
+@pytest.mark.parametrize("word", {f"word{number}" for number in range(20)})
+def test_word(word):
+    pass
+"""
+
+
+def test_the_workers_collect_a_set_of_strings_in_one_order(tmp_path: Path) -> None:
+    """A set's order follows the hash seed, which Python draws per process unless PYTHONHASHSEED is
+    set: each xdist worker would collect the 20 tests in another order, and the run would end at
+    collection. The plugin gives the workers one seed."""
+    (tmp_path / "test_probe.py").write_text(UNORDERED)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONHASHSEED"}
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "replay", "-p", "no:cacheprovider", "-q", "-n", "2",
+         str(tmp_path / "test_probe.py")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "20 passed" in done.stdout, done.stdout
