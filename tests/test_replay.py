@@ -31,16 +31,25 @@ def test_fails():
 """
 
 
+def _pytest(
+    tmp_path: Path, source: str, *options: str, drop: tuple[str, ...] = (), **env: str
+) -> subprocess.CompletedProcess[str]:
+    """pytest with this plugin on `source` as test_probe.py, in a process of its own: the variables
+    in `drop` unset, those in `env` set."""
+    (tmp_path / "test_probe.py").write_text(source)
+    environ = {key: value for key, value in os.environ.items() if key not in drop} | env
+    environ["PYTHONPATH"] = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "replay", "-p", "no:cacheprovider", "-q", *options,
+         str(tmp_path / "test_probe.py")],
+        cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
 def _run(tmp_path: Path, ci: str | None) -> str:
-    (tmp_path / "test_probe.py").write_text(PROBE)
-    env = {key: value for key, value in os.environ.items() if key not in ("CI", "HYPOTHESIS_PROFILE")}
-    if ci is not None:
-        env["CI"] = ci
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "replay", "-p", "no:cacheprovider", "-s", "-q", "-n", "0",
-         "-p", "no:randomly", str(tmp_path / "test_probe.py")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    done = _pytest(
+        tmp_path, PROBE, "-s", "-n", "0", "-p", "no:randomly", drop=("CI", "HYPOTHESIS_PROFILE"),
+        **({} if ci is None else {"CI": ci}),
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr  # test_fails, and only it
     assert "1 failed, 3 passed" in done.stdout, done.stdout
@@ -94,13 +103,7 @@ def test_a_test_id_holding_a_memory_address_is_refused_at_collection(tmp_path: P
     """Each process collects its own ids: an id made of an object's default repr holds its address,
     which differs between the two xdist workers (a whole default run ended in 'Different tests were
     collected between gw1 and gw0' during a flake hunt) and between a run and its rerun."""
-    (tmp_path / "test_probe.py").write_text(ADDRESSED)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "replay", "-p", "no:cacheprovider", "-q", "-n", "0",
-         str(tmp_path / "test_probe.py")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = _pytest(tmp_path, ADDRESSED, "-n", "0")
     output = done.stdout + done.stderr
     assert done.returncode == 4, output  # pytest's usage error: nothing ran
     assert "test_probe.py::test_value[<test_probe.Opaque object at 0x" in output, output
@@ -122,13 +125,6 @@ def test_the_workers_collect_a_set_of_strings_in_one_order(tmp_path: Path) -> No
     """A set's order follows the hash seed, which Python draws per process unless PYTHONHASHSEED is
     set: each xdist worker would collect the 20 tests in another order, and the run would end at
     collection. The plugin gives the workers one seed."""
-    (tmp_path / "test_probe.py").write_text(UNORDERED)
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONHASHSEED"}
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "replay", "-p", "no:cacheprovider", "-q", "-n", "2",
-         str(tmp_path / "test_probe.py")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = _pytest(tmp_path, UNORDERED, "-n", "2", drop=("PYTHONHASHSEED",))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "20 passed" in done.stdout, done.stdout
