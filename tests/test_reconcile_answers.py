@@ -248,6 +248,31 @@ def test_a_cancelled_resume_cancels_the_coroutine_it_awaits(tmp_path: Path) -> N
     assert len(asyncio.run(main())) == 1  # nothing decided, nothing written: the next resume asks
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_cancellation_raised_by_the_function_itself_is_a_failed_reconcile(
+    tmp_path: Path, runtime: str
+) -> None:
+    """A coroutine that awaits an inner task which was cancelled raises `CancelledError` itself:
+    that is the function's failure (settled as interrupted), not the agent's own cancellation
+    (which propagates: `test_a_cancelled_resume_cancels_the_coroutine_it_awaits`) (#38 item 7)."""
+    deploy = Deploy()
+
+    async def cancelled_inside(key: str, arguments: dict[str, Any]) -> object:
+        inner = asyncio.ensure_future(asyncio.sleep(3600))
+        await asyncio.sleep(0)
+        inner.cancel()
+        await inner  # raises CancelledError into the function
+        return sessionlog.DidNotRun()
+
+    tools = _deploy(cancelled_inside, deploy)
+    _crashed(tmp_path / "s.jsonl", tools)
+    for _ in range(2):  # settled on the first resume: the second asks nothing
+        progressed, reconciled, content = _resumed(tmp_path / "s.jsonl", tools, runtime)
+        assert progressed and content == INTERRUPTED and len(deploy.runs) == 1
+        if reconciled:
+            assert reconciled[0].decision == "unknown" and "cancelled" in reconciled[0].why.lower()
+
+
 def test_a_coroutine_that_blocks_the_loop_past_its_timeout_counts_as_unknown(tmp_path: Path) -> None:
     """A coroutine that blocks (time.sleep) cannot be interrupted: the loop is its until it
     returns. Its answer, later than the timeout, counts as unknown all the same."""
