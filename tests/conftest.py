@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -11,6 +14,13 @@ from typing import Any, TypeVar
 import pytest
 
 import sessionlog
+
+# This user's snapshot key (core/snapshot_key.py) is the tests' own, made in a folder of theirs
+# (set before the xdist workers and every subprocess start, so all of them share it), never the
+# one in ~/.local/state of whoever runs them.
+if "SESSIONLOG_STATE_DIR" not in os.environ:
+    os.environ["SESSIONLOG_STATE_DIR"] = tempfile.mkdtemp(prefix="sessionlog-tests-state-")
+    atexit.register(shutil.rmtree, os.environ["SESSIONLOG_STATE_DIR"], True)
 
 # the conformance suite's fixtures (opt-in); seeds and reruns (tests/replay.py)
 pytest_plugins = ["sessionlog.testing.plugin", "replay"]

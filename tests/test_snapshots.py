@@ -4,6 +4,9 @@ reduced one, table by table, and validates later commits the same way."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import pickle
 import random
 from typing import Any
 
@@ -13,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sessionlog import CorruptionError
-from sessionlog.core import snapshot
+from sessionlog.core import snapshot, snapshot_key
 from sessionlog.core.loading import load
 from sessionlog.core.model import Attempt, Entry, Operation
 from sessionlog.core.reducer import Reducer
@@ -209,19 +212,27 @@ def test_a_snapshot_of_longer_lines_than_the_reader_allows_is_ignored() -> None:
     assert error.value.code == "MALFORMED_JSON"
 
 
-def test_a_snapshot_names_only_the_model_classes() -> None:
-    """A body that names another callable is refused before it is called."""
-    import hashlib
-    import pickle
+def resigned(blob: bytes, body: bytes | None = None, key: bytes | None = None, **meta: Any) -> bytes:
+    """`blob` with its body and meta fields replaced, signed again with `key` (this user's by
+    default): what someone holding the key could write."""
+    signed_at = blob.index(b"\n", len(snapshot.MAGIC)) + 1
+    split = blob.index(b"\n", signed_at)
+    fields = {**orjson.loads(blob[signed_at:split]), **meta}
+    body = blob[split + 1 :] if body is None else body
+    fields["bodyLength"] = len(body)
+    signed = orjson.dumps(fields) + b"\n" + body
+    key = snapshot_key.read_key() if key is None else key
+    assert key is not None
+    mac = hmac.new(key, signed, hashlib.sha256).hexdigest().encode()
+    return snapshot.MAGIC + mac + b"\n" + signed
 
+
+def test_a_snapshot_names_only_the_model_classes() -> None:
+    """A body that names another callable is refused before it is called, even signed."""
     data = generate_session(3, 20).to_bytes()
     blob = encode(load(data)[0], data, len(data))
-    head, _, _ = blob.partition(b"\n" + b"\x80")
-    body = pickle.dumps(print, protocol=5)
-    meta = orjson.loads(head[len(snapshot.MAGIC) :])
-    meta.update(body=hashlib.sha256(body).hexdigest(), bodyLength=len(body))
-    forged = snapshot.MAGIC + orjson.dumps(meta) + b"\n" + body
-    assert restore(forged, data, len(data)) is None
+    assert restore(resigned(blob), data, len(data)) is not None  # the forger's tool works
+    assert restore(resigned(blob, pickle.dumps(print, protocol=5)), data, len(data)) is None
 
 
 def test_the_encoding_is_refused_mid_transaction() -> None:

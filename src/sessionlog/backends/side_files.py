@@ -8,8 +8,9 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import stat
 from pathlib import Path
+
+from ..core.regular_files import open_regular
 
 
 def temporary_path(path: Path, purpose: str) -> Path:
@@ -49,14 +50,13 @@ def snapshot_path(path: str | os.PathLike[str]) -> Path:
 
 
 def read_snapshot_file(path: str | os.PathLike[str]) -> bytes | None:
-    """The snapshot of the session file `path`; None when there is none (or it is no file)."""
-    try:
-        fd = os.open(snapshot_path(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+    """The snapshot of the session file `path`; None when there is none (or it is no regular
+    file: a FIFO or a device there is never waited on, `open_regular`)."""
+    opened = open_regular(snapshot_path(path))
+    if opened is None:
         return None
+    fd = opened[0]
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
         chunks = []
         while chunk := os.read(fd, 1 << 24):
             chunks.append(chunk)
