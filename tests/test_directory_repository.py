@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import sessionlog
-from sessionlog.backends import jsonl_file
+from sessionlog.backends import jsonl_file, writer_lock
 from sessionlog.core import facts as F
 from sessionlog.core.framing import SECTOR
 from sessionlog.repositories.index import INDEX_NAME
@@ -105,7 +105,7 @@ def test_a_writer_that_opened_the_file_before_the_unlink_and_locks_it_after_is_f
     session_id = _session(repo)
     has_descriptor = threading.Event()
     deleted = threading.Event()
-    real_lock = jsonl_file._lock
+    real_lock = writer_lock.take
     writer_thread: list[int] = []
 
     def lock_after_the_delete(fd: int, path: Path) -> None:
@@ -114,7 +114,7 @@ def test_a_writer_that_opened_the_file_before_the_unlink_and_locks_it_after_is_f
             assert deleted.wait(30)
         real_lock(fd, path)
 
-    monkeypatch.setattr(jsonl_file, "_lock", lock_after_the_delete)
+    monkeypatch.setattr(writer_lock, "take", lock_after_the_delete)
     outcome: list[Any] = []
 
     def writer() -> None:

@@ -13,11 +13,11 @@ The file is the log itself: a header line, then one LF-terminated transaction pe
   may have dropped the dirty pages, so a retry could report success for data that is gone. The
   store poisons itself and never calls again.
 * one writer per session: a claim per file per process, keyed by (device, inode), and an
-  exclusive cross-process `flock`, both by default. `unsafe_no_lock=True` skips the flock (for
-  filesystems without locks, at the caller's risk). Before each append one `fstat` checks that
-  the file still ends where this writer left it and still has a name; if anything else grew,
-  cut, removed or replaced it, the append raises `SessionChangedError` and writes nothing (the
-  store poisons itself).
+  exclusive cross-process lock (`writer_lock`: a flock), both by default. `unsafe_no_lock=True`
+  skips the lock (for filesystems without locks, at the caller's risk). Before each append one
+  `fstat` checks that the file still ends where this writer left it and still has a name; if
+  anything else grew, cut, removed or replaced it, the append raises `SessionChangedError` and
+  writes nothing (the store poisons itself).
 * a file opened in one process is unusable in a child forked from it: the child's copy of the
   descriptor is closed at fork (so the parent's lock is not kept alive by it) and its claims
   dropped, so the child can open the session afresh; the store refuses the inherited object.
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import stat
 import threading
@@ -51,6 +50,7 @@ from ..core.errors import (
     SessionPathError,
     shown,
 )
+from . import writer_lock
 from .side_files import read_snapshot_file, remove_stale_temporaries, snapshot_path, temporary_path
 
 _MODE = 0o600
@@ -158,7 +158,7 @@ class JsonlFile:
         linked = False
         try:
             if not unsafe_no_lock:  # held before its name appears: a lister cannot take it first
-                _lock(fd, path)
+                writer_lock.take(fd, path)
             _write_all(ops, fd, header)
             if sync:
                 ops.fsync(fd)
@@ -214,7 +214,7 @@ class JsonlFile:
             _writers.add(key)
         try:
             if not unsafe_no_lock:
-                _lock(fd, path)
+                writer_lock.take(fd, path)
             return cls(path, fd, key, ops.fstat(fd).st_size, sync=sync, ops=ops)
         except BaseException:
             with _writers_lock:
@@ -359,20 +359,6 @@ def open_file(
     if create is not None:
         return JsonlFile.create(path, create, sync=sync, unsafe_no_lock=unsafe_no_lock, ops=ops)
     return JsonlFile.open(path, sync=sync, unsafe_no_lock=unsafe_no_lock, ops=ops)
-
-
-def _lock(fd: int, path: Path) -> None:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise SessionLockedError(f"{path} is in use: another process holds its writer lock") from None
-    except OSError as error:  # ENOLCK on NFS, SMB, some FUSE filesystems
-        raise SessionPathError(
-            error.errno,
-            f"cannot lock {path}: {error.strerror} (the filesystem offers no locks; "
-            "unsafe_no_lock=True opens it anyway, if nothing else ever writes it)",
-            str(path),
-        ) from None
 
 
 def _path_error(error: OSError, path: Path, what: str) -> SessionPathError:

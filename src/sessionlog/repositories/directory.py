@@ -35,6 +35,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..backends import writer_lock
 from ..backends.jsonl_file import read_session_file
 from ..backends.side_files import process_alive, read_snapshot_file, remove_snapshot
 from ..core.errors import (
@@ -367,7 +368,7 @@ class DirectoryRepository(RepositoryBase):
             Candidate(
                 summary,
                 labels.get(summary["session_id"], ()),
-                functools.partial(_held, path),
+                functools.partial(writer_lock.held, path),
                 *keys.get(summary["session_id"], (None, False)),
             )
             for summary, path in found  # made only for the rows a page reaches
@@ -548,23 +549,6 @@ def remove_debris(directory: Path) -> None:
             continue
         with contextlib.suppress(OSError):
             os.unlink(directory / name)
-
-
-def _held(path: str | Path) -> bool:
-    """Whether a live writer holds the session's lock (the lock is taken by default)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)  # also releases the probe's lock at once
-    return False
 
 
 __all__ = ["DirectoryRepository", "remove_debris", "summary_of"]
