@@ -1,13 +1,14 @@
 """The directory repository under races, kills, faults and careless input: delete holds the
 session's lock through the unlink, the index is private and a cache (a damaged one is made
 anew), group-commit files are read with their writer's rule, the debris of killed processes goes
-at the next open, a full disk is a typed error, import and fork are byte-exact, and `create=False`
-creates nothing. (The contract every repository meets is `RepositoryContract`, in
-test_repository.py.)"""
+at the next open, a full disk is a typed error, import and fork are byte-exact, `create=False`
+creates nothing, and a listing's writer probe never refuses a writer. (The contract every
+repository meets is `RepositoryContract`, in test_repository.py.)"""
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import signal
 import sqlite3
@@ -597,3 +598,64 @@ def test_a_read_only_directory_is_read_without_making_an_index(tmp_path: Path) -
         assert sorted(os.listdir(folder)) == [f"{first}.jsonl"]
     finally:
         subprocess.run(["umount", str(folder)], capture_output=True)
+
+
+# -- 14. a listing never refuses a writer -------------------------------------------------------
+
+
+@pytest.fixture
+def inside_the_probe(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    """`hook["during"]()` runs once inside the first lock call (`flock` or `fcntl`) that anything
+    makes on a read-only descriptor of a session file, right after the real call: the listing's
+    writer probe, at the moment a probe that takes the writer lock holds it."""
+    hook: dict[str, Any] = {"during": None}
+    real_flock, real_fcntl = fcntl.flock, fcntl.fcntl
+
+    def probed(fd: int) -> None:
+        during = hook["during"]
+        read_only = real_fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
+        if during is not None and read_only and os.readlink(f"/proc/self/fd/{fd}").endswith(".jsonl"):
+            hook["during"] = None
+            during()
+
+    def flock(fd: int, operation: int) -> None:
+        real_flock(fd, operation)
+        probed(fd)
+
+    def fcntl_(fd: int, cmd: int, arg: Any = 0) -> Any:
+        result = real_fcntl(fd, cmd, arg)
+        if cmd not in (fcntl.F_GETFL, fcntl.F_GETFD, fcntl.F_SETFD):
+            probed(fd)
+        return result
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    monkeypatch.setattr(fcntl, "fcntl", fcntl_)
+    yield hook
+
+
+@pytest.mark.skipif(
+    not hasattr(fcntl, "F_OFD_GETLK"), reason="no OFD locks here: the probe takes the flock (writer_lock)"
+)
+def test_a_writer_opening_a_session_while_a_listing_probes_it_is_not_refused(
+    tmp_path: Path, inside_the_probe: dict[str, Any]
+) -> None:
+    """A crashed session (a prompt accepted, its writer gone) is probed for a live writer by
+    `unfinished()`; a writer that opens it at that moment gets it. A read never makes a writer
+    fail (#38 item 14: 613 of 21,724 opens were refused by a probe's flock)."""
+    repo = sessionlog.repository(tmp_path)
+    with repo.create(**HEADER) as store:
+        store.commit(F.accept_prompt("long task"))
+        session_id = str(store.load().session_id)
+    opened: list[Any] = []
+    inside_the_probe["during"] = lambda: opened.append(repo.open(session_id))
+    unfinished = repo.unfinished()
+    assert inside_the_probe["during"] is None, "the listing probed no session: the seam missed it"
+    (store,) = opened  # raised SessionLockedError here while the probe took the writer lock
+    assert [row.session_id for row in unfinished] == [session_id]  # probed before the writer came
+    with store:
+        store.commit([F.user_message("the writer that recovers it")])
+        (row,) = repo.list()
+        assert (row.status, row.writer) == ("running", True)  # its live writer is still seen
+        assert repo.unfinished() == []
+    assert [row.session_id for row in repo.unfinished()] == [session_id]
+    repo.close()

@@ -13,11 +13,11 @@ The file is the log itself: a header line, then one LF-terminated transaction pe
   may have dropped the dirty pages, so a retry could report success for data that is gone. The
   store poisons itself and never calls again.
 * one writer per session: a claim per file per process, keyed by (device, inode), and an
-  exclusive cross-process lock (`writer_lock`: a flock), both by default. `unsafe_no_lock=True`
-  skips the lock (for filesystems without locks, at the caller's risk). Before each append one
-  `fstat` checks that the file still ends where this writer left it and still has a name; if
-  anything else grew, cut, removed or replaced it, the append raises `SessionChangedError` and
-  writes nothing (the store poisons itself).
+  exclusive cross-process lock (`writer_lock`: a flock, which listings ask about without taking
+  it), both by default. `unsafe_no_lock=True` skips the lock (for filesystems without locks, at
+  the caller's risk). Before each append one `fstat` checks that the file still ends where this
+  writer left it and still has a name; if anything else grew, cut, removed or replaced it, the
+  append raises `SessionChangedError` and writes nothing (the store poisons itself).
 * a file opened in one process is unusable in a child forked from it: the child's copy of the
   descriptor is closed at fork (so the parent's lock is not kept alive by it) and its claims
   dropped, so the child can open the session afresh; the store refuses the inherited object.
@@ -157,7 +157,7 @@ class JsonlFile:
             raise _path_error(error, path, "cannot create the session") from error
         linked = False
         try:
-            if not unsafe_no_lock:  # held before its name appears: a lister cannot take it first
+            if not unsafe_no_lock:  # held before its name appears: a lister sees it held
                 writer_lock.take(fd, path)
             _write_all(ops, fd, header)
             if sync:

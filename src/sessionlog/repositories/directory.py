@@ -3,8 +3,10 @@ file backend, `jsonl-fsync` by default) and an index (`repositories.index`) so t
 reads summaries, not logs.
 
 One writer per session comes from the stores themselves (the writer lock, taken by default); a
-session whose run is unfinished and whose lock nobody holds is `needs-recovery`. Session ids are
-UUIDv7 strings and name the files: an id that is not one is refused before any path is made.
+session whose run is unfinished and whose lock nobody holds is `needs-recovery`. Listing asks
+whether the lock is held without taking it (`backends.writer_lock`): a read never refuses a
+writer. Session ids are UUIDv7 strings and name the files: an id that is not one is refused
+before any path is made.
 
 * Each file is read with its writer's rule (`BackendInfo.nul_rule`): the backend the repository
   was given, or the one named by `reads_as=` (the async repository's group-commit backend, set
