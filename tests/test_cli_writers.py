@@ -108,6 +108,34 @@ def test_quarantine_moves_the_bad_tail_aside_and_the_session_opens_again(cli: An
     assert again.code == 0 and "nothing to quarantine" in again.out
 
 
+def test_a_quarantine_dry_run_takes_no_writer_lock(cli: Any, tmp_path: Path) -> None:
+    """Like every dry run (docs/cli.md), it reads without the writer lock: next to a live writer
+    it answers, and it removes nothing, not even a dead process's temporary (#38, item 14's class:
+    a read must never make a writer fail)."""
+    path = mid_crash(tmp_path / "s.jsonl")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDING, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    debris = tmp_path / f".{path.name}.999999999.0123456789ab.creating"  # of a pid that is no more
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
+        debris.write_bytes(b"partial")  # after the writer's open, which removes such debris
+        dry = cli("repair", path, "--quarantine", "--dry-run")
+        assert dry.code == 0 and "valid, nothing to quarantine" in dry.out, dry.err
+        assert debris.exists()
+    finally:
+        holder.communicate("")
+    assert cli("repair", path, "--quarantine").code == 0 and not debris.exists()  # the real run does
+
+
+_HOLDING = """
+import sys, sessionlog
+store = sessionlog.open(sys.argv[1], "jsonl")
+print("holding", flush=True)
+sys.stdin.read()
+"""
+
+
 def test_quarantine_refuses_a_bad_header(cli: Any, tmp_path: Path) -> None:
     path = mid_crash(tmp_path / "s.jsonl")
     _corrupt_line(path, 1)

@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from .backends.jsonl_file import DEFAULT_OPS, JsonlFile
+from .backends.jsonl_file import DEFAULT_OPS, JsonlFile, read_session_file
 from .backends.side_files import process_alive, remove_stale_temporaries, temporary_path
 from .core.errors import CorruptionError, SessionExistsError
 from .core.framing import lines
@@ -51,34 +51,41 @@ class Quarantine:
 def quarantine(path: Path, rule: dict[str, Any], *, dry_run: bool = False) -> Quarantine | None:
     """Set aside everything from the first bad line of the session at `path` (see the module
     docstring); None when the log is valid. CorruptionError when the header itself is bad (there
-    is nothing left that would open). Takes the writer lock: SessionLockedError while in use."""
+    is nothing left that would open). Takes the writer lock: SessionLockedError while in use;
+    a `dry_run` only reads (no lock, nothing written or removed) and says what it would do."""
+    if dry_run:
+        return _planned(path, read_session_file(path), rule)
     file = JsonlFile.open(path, sync=True)
     try:
         data = file.read()
-        offset, error = valid_prefix(data, **rule)
         remove_stale_temporaries(path)  # of an earlier quarantine killed while it wrote
-        if error is None:
-            return None
-        if offset == 0:
-            raise error.located(path)
-        moved = data[offset:]
-        report = Quarantine(
-            path,
-            path.with_name(f"{path.name}.quarantine.{offset}"),
-            offset,
-            len(moved),
-            moved.count(b"\n") + (not moved.endswith(b"\n")),
-            data.count(b"\n", 0, offset) + 1,
-            _seqs(moved),
-            error.located(path),
-        )
-        if dry_run:
-            return report
-        _write_side_file(report.side_file, moved)
-        file.truncate(offset)  # synced: the session opens from here on
+        report = _planned(path, data, rule)
+        if report is not None:
+            _write_side_file(report.side_file, data[report.offset :])
+            file.truncate(report.offset)  # synced: the session opens from here on
         return report
     finally:
         file.close()
+
+
+def _planned(path: Path, data: bytes, rule: dict[str, Any]) -> Quarantine | None:
+    """What a quarantine of `data` (the bytes of `path`) moves; None when it is valid."""
+    offset, error = valid_prefix(data, **rule)
+    if error is None:
+        return None
+    if offset == 0:
+        raise error.located(path)
+    moved = data[offset:]
+    return Quarantine(
+        path,
+        path.with_name(f"{path.name}.quarantine.{offset}"),
+        offset,
+        len(moved),
+        moved.count(b"\n") + (not moved.endswith(b"\n")),
+        data.count(b"\n", 0, offset) + 1,
+        _seqs(moved),
+        error.located(path),
+    )
 
 
 def _seqs(moved: bytes) -> tuple[int, int] | None:
