@@ -14,6 +14,7 @@ import pytest
 
 from sessionlog import bench
 from sessionlog.bench import restart, shapes
+from sessionlog.bench.places import PlaceError
 
 
 def _bench(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -188,4 +189,47 @@ def test_a_driver_message_that_quotes_the_password_is_masked(
     code, out, err = _bench(capsys, *argv, "--shape", "e", "--tiny")
     assert code == bench.EXIT_USAGE and "Traceback" not in err, err
     assert len(err.strip().splitlines()) == 1 and "Sekr3t" not in out + err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("parameter", ["dbname=appdb", "db%6Eame=appdb", "sslmode=disable&dbname="])
+def test_a_dbname_in_the_query_is_refused_before_anything(
+    parameter: str, postgres_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Found trying --postgres as a careless user: libpq's dbname parameter (its key decoded too)
+    # overrides the URL's path, where the scratch database is named, so every PostgreSQL row ran
+    # in the URL's own database and left the schema sessionlog there, exit 0
+    url = postgres_server.new_database()
+    database = url.rsplit("/", 1)[1]
+    code, out, err = _bench(capsys, *_argv(tmp_path, f"{url}?{parameter.replace('appdb', database)}"))
+    assert code == bench.EXIT_USAGE and "Traceback" not in err and out == ""
+    assert err.strip().splitlines() == [
+        "sessionlog bench: error: --postgres: its query names the database (dbname=), which would "
+        "override the scratch database the bench runs in: name it in the path instead"
+    ]
+    assert _left(postgres_server, database) == NOTHING
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_from_python_keeps_its_postgres_rows_in_a_scratch_database(
+    postgres_server: Any, tmp_path: Path
+) -> None:
+    # Found calling the exported bench.run with a server's URL: the scratch database was made by
+    # the command line only, and run() wrote its sessions into the URL's own database
+    url = postgres_server.new_database()
+    result = bench.run(str(tmp_path), ["postgresql-repository"], url, "tiny", progress=False, only="aeh")
+    names = {row["name"] for row in result["rows"]}
+    assert {"postgresql: list", "postgresql repository (power)"} <= names  # the rows ran
+    assert _left(postgres_server, url.rsplit("/", 1)[1]) == NOTHING
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_from_python_refuses_a_dbname_in_the_query(postgres_server: Any, tmp_path: Path) -> None:
+    url = postgres_server.new_database()
+    database = url.rsplit("/", 1)[1]
+    with pytest.raises(PlaceError, match=r"its query names the database \(dbname=\)"):
+        bench.run(
+            str(tmp_path), ["postgresql-repository"], f"{url}?dbname={database}", "tiny", False, only="e"
+        )
+    assert _left(postgres_server, database) == NOTHING
     assert list(tmp_path.iterdir()) == []

@@ -81,7 +81,14 @@ def test_backends_named_are_the_resumed_ones_and_a_failing_peer_is_skipped(tmp_p
     readers = [resume.Reader("a peer that is not installed", broken)]
     appending = [Peer("an append peer, not installed", "power", absent)]  # shapes a and c only
     result = bench_run(
-        str(tmp_path), ["jsonl-fsync"], None, "tiny", False, appending, only="g", readers=readers
+        str(tmp_path),
+        ["jsonl-fsync"],
+        None,
+        "tiny",
+        False,
+        lambda server: appending,
+        only="g",
+        readers=readers,
     )
     assert {row["name"] for row in result["rows"]} == {"jsonl-fsync"}  # no jsonl: no no-snapshot row
     assert result["skipped"] == [  # not the append peer: no shape of this run would have used it

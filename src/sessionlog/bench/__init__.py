@@ -26,6 +26,7 @@ status: 0 ok, 2 usage, 5 a row caught not syncing, 6 a row failed, 130 interrupt
 from __future__ import annotations
 
 from .command import EXIT_INTERRUPTED, EXIT_NOT_SYNCING, EXIT_OK, EXIT_ROW_FAILED, EXIT_USAGE, main
+from .places import PlaceError
 from .runner import REPOSITORIES, SHAPES, Plan, run
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "EXIT_USAGE",
     "REPOSITORIES",
     "SHAPES",
+    "PlaceError",
     "Plan",
     "main",
     "run",

@@ -32,7 +32,7 @@ import sessionlog
 from . import runner
 from .measure import RowFailed
 from .peers import peers as all_peers
-from .places import PlaceError, ScratchDatabase, check_directory, check_output
+from .places import PlaceError, check_directory, check_output, check_postgres
 from .report import PLOTTED, advise, markdown, not_syncing, plot, text
 from .resume import readers
 
@@ -100,11 +100,6 @@ def parser() -> argparse.ArgumentParser:
     return made
 
 
-def _postgres_wanted(backends: list[str] | None, shapes: str) -> bool:
-    """PostgreSQL rows: the repository's (a, c, e, h) and the PostgreSQL peers' (a, c)."""
-    return (backends is None or "postgresql-repository" in backends) and bool(set(shapes) & set("aceh"))
-
-
 def main(argv: list[str] | None = None, *, registry: Registry | None = None) -> int:
     """Run the bench; return its exit status (EXIT_*). `registry`: where the backends are
     registered (None: the default registry, third-party plugins too)."""
@@ -129,15 +124,17 @@ def main(argv: list[str] | None = None, *, registry: Registry | None = None) -> 
                 check_output(option, path)
         if args.plot is not None and not set(only) & set(PLOTTED):
             raise PlaceError("--plot: its panels are shapes a, b, c and f; this run has none of them")
+        if args.postgres is not None:
+            check_postgres(args.postgres)
     except PlaceError as error:
         return _say(str(error), EXIT_USAGE)
-    if args.postgres is not None and not _postgres_wanted(backends, only):
+    if args.postgres is not None and not runner.postgres_rows(backends, only):
         print(
             f"{PROG}: --postgres is not used: no PostgreSQL row in this run (--backends, --shape)",
             file=sys.stderr,
         )
     try:
-        result = _run_in_scratch(args, directory, backends, only, mode, registry)
+        result = _run_with_a_server(args, directory, backends, only, mode, registry)
     except PlaceError as error:
         return _say(str(error), EXIT_USAGE)
     except OSError as error:
@@ -185,7 +182,7 @@ def _say(message: str, status: int) -> int:
     return status
 
 
-def _run_in_scratch(
+def _run_with_a_server(
     args: argparse.Namespace,
     directory: str,
     backends: list[str] | None,
@@ -193,10 +190,11 @@ def _run_in_scratch(
     mode: str,
     registry: Registry | None,
 ) -> dict[str, Any]:
-    """The run, its PostgreSQL rows in a scratch database: on `--postgres`'s server, else on a
-    throwaway local server when one can start (else those rows are skipped, with the reason)."""
+    """The run, its PostgreSQL rows in a scratch database (`runner.run`'s): on `--postgres`'s
+    server, else on a throwaway local server when one can start (else those rows are skipped,
+    with the reason)."""
     server, unavailable, url = None, None, args.postgres
-    if url is None and _postgres_wanted(backends, only):
+    if url is None and runner.postgres_rows(backends, only):
         try:
             from ..testing.postgres import PostgresServer
 
@@ -206,16 +204,7 @@ def _run_in_scratch(
             unavailable = f"no --postgres URL and no local server could be started: {error}"[:300]
     ours = [server.postmaster_pid()] if server is not None else []  # its CPU is the run's
     try:
-        if url is None or not _postgres_wanted(backends, only):
-            result = runner.run(
-                directory, backends, None, mode, True, all_peers(None), only, registry, readers(), ours
-            )
-        else:
-            with ScratchDatabase(url) as scratch:
-                peers = all_peers(scratch)
-                result = runner.run(
-                    directory, backends, scratch, mode, True, peers, only, registry, readers(), ours
-                )
+        result = runner.run(directory, backends, url, mode, True, all_peers, only, registry, readers(), ours)
     finally:
         if server is not None:
             server.stop()

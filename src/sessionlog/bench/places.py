@@ -13,7 +13,15 @@
   A database, not a schema: the repository keeps its tables in the schema `sessionlog`, which a
   search path would not move. The role needs CREATEDB; without it the run is a `PlaceError` (exit
   2) before anything is measured, and nothing is written into the URL's database. A URL that
-  cannot be read is a `PlaceError` too, never echoed (it may hold a password).
+  cannot be read is a `PlaceError` too, never echoed (it may hold a password). The scratch
+  database is `runner.run`'s own, so a caller from Python is isolated as the command line is.
+* `check_postgres(url)`: what cannot be isolated is refused before any connection: a query that
+  names the database (`dbname=`, its key percent-encoded too: libpq decodes it), which libpq
+  lets override the path where the scratch database is named. Accepted: `service=` (a service
+  file fills only what the URL leaves unset, and the path is always set), `options=` (settings of
+  a session cannot leave its database; the repository names its schema), `host=` and `port=`
+  (every connection of the run reads the same URL, so the scratch database is made, used and
+  dropped on the one server they name).
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 from types import TracebackType
-from urllib.parse import SplitResult, urlsplit, urlunsplit
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 from ..repositories.locations import mask_in
 
@@ -79,12 +87,29 @@ def check_output(option: str, path: str) -> None:
         raise PlaceError(f"{option} {path}: not writable (read-only filesystem or no permission)")
 
 
+def check_postgres(url: str) -> None:
+    """A `--postgres` URL the bench cannot read or cannot isolate its rows from is PlaceError,
+    before any connection and without the URL (it may hold a password)."""
+    _checked(url)
+
+
 def database_url(url: str, database: str) -> str:
     """`url` with its database replaced by `database` (user, password, host and options kept)."""
+    return urlunsplit(_checked(url)._replace(path=f"/{database}"))
+
+
+def _checked(url: str) -> SplitResult:
     parts = _parts(url)
     if parts.scheme not in ("postgresql", "postgres"):
         raise PlaceError("--postgres: not a postgresql:// URL")
-    return urlunsplit(parts._replace(path=f"/{database}"))
+    # libpq knows no fragment: a '#' is part of the query it reads
+    query = parts.query + ("#" + parts.fragment if parts.fragment else "")
+    if any(unquote(piece.partition("=")[0]).strip().lower() == "dbname" for piece in query.split("&")):
+        raise PlaceError(
+            "--postgres: its query names the database (dbname=), which would override the scratch "
+            "database the bench runs in: name it in the path instead"
+        )
+    return parts
 
 
 def where(url: str) -> str:
@@ -122,7 +147,10 @@ class ScratchDatabase:
 
     def __enter__(self) -> str:
         try:
+            self._read_as_scratch()
             self._execute(f'create database "{self.name}"')
+        except PlaceError:
+            raise
         except Exception as error:  # psycopg's errors, unreachable servers: one line, no password
             message = self.problem(error)
             raise PlaceError(
@@ -130,6 +158,18 @@ class ScratchDatabase:
                 f"({message}); the bench writes only there, never into the URL's own database"
             ) from None
         return self.scratch_url
+
+    def _read_as_scratch(self) -> None:
+        """PlaceError unless libpq reads the scratch database's name from its URL (what
+        `check_postgres` did not foresee, read by libpq itself)."""
+        from psycopg.conninfo import conninfo_to_dict
+
+        if conninfo_to_dict(self.scratch_url).get("dbname") != self.name:
+            raise PlaceError(
+                f"--postgres {where(self.url)}: libpq does not read the scratch database's name from "
+                "the URL (a parameter overrides its path); the bench writes only there, never into "
+                "the URL's own database"
+            )
 
     def problem(self, error: BaseException) -> str:
         """The driver's message, its first line, with the URL's password masked in every form

@@ -19,7 +19,7 @@ from ..repositories.locations import mask_in
 from . import other_work, restart, resume, shapes, trust
 from .flushes import FlushCounter
 from .measure import Job, paired_ratio, steady
-from .places import ScratchDatabase
+from .places import ScratchDatabase, check_postgres
 
 if TYPE_CHECKING:
     from ..plugins.registry import Registry
@@ -63,37 +63,75 @@ class Plan:
         return max(2, int(self.commits(durability, api, sessions) * (0.5 if self.mode == "quick" else 1)))
 
 
+def postgres_rows(backends: list[str] | None, only: str) -> bool:
+    """Whether a run has PostgreSQL rows: the repository's (a, c, e, h) and the PostgreSQL peers'
+    (a, c), with the repository chosen."""
+    return (backends is None or "postgresql-repository" in backends) and bool(set(only) & set("aceh"))
+
+
+def no_peers(postgres: str | None) -> Sequence[shapes.Peer]:
+    return ()
+
+
 def run(
     directory: str | None = None,
     backends: list[str] | None = None,
     postgres: str | None = None,
     mode: str = "quick",
     progress: bool = True,
-    peers: Sequence[shapes.Peer] = (),
+    peers: Callable[[str | None], Sequence[shapes.Peer]] = no_peers,
     only: str = SHAPES,
     registry: Registry | None = None,
     readers: Sequence[resume.Reader] = (),
     ours: Sequence[int] = (),
 ) -> dict[str, Any]:
-    """Every shape of `only` (letters of SHAPES); `peers`: the other libraries (`peers.peers`; one
-    that cannot open is listed as skipped with the reason, never estimated), `readers`: their read
+    """Every shape of `only` (letters of SHAPES); `postgres`: a server's URL for the PostgreSQL
+    rows, which run in a scratch database made on it and dropped after, never in the URL's own
+    (`places.ScratchDatabase`; a URL that cannot be read or isolated, or a role that cannot create
+    a database, is `places.PlaceError` before anything is measured); `peers`: the other libraries
+    as a function of that scratch database's URL (`peers.peers`; None: no server; one that cannot
+    open is listed as skipped with the reason, never estimated), `readers`: their read
     paths for shape g (`resume.readers`, skipped alike); `registry`: where the backends are
     registered (None: the default registry, third-party plugins too); `ours`: the pids of
     processes the bench started for the run (a throwaway server), whose CPU is not other work's
-    (`other_work`). A row that raises stops the
-    run (`RowFailed`); the scratch folder goes in every case."""
-    plan = Plan(mode)
+    (`other_work`). A row that raises stops the run (`RowFailed`);
+    the scratch folder and database go in every case."""
     unknown_shapes = set(only) - set(SHAPES)
     if unknown_shapes or not only:
         raise ValueError(f"shapes are letters of {SHAPES}, not {only!r}")
     infos = sessionlog.backends(registry)
-    chosen = set(backends) if backends else None
-    unknown = (chosen or set()) - set(infos) - {f"{kind}-repository" for kind in REPOSITORIES}
+    unknown = set(backends or ()) - set(infos) - {f"{kind}-repository" for kind in REPOSITORIES}
     if unknown:
         raise ValueError(
             f"not a registered backend nor a repository: {', '.join(sorted(unknown))}; backends: "
             f"{', '.join(infos)}; repositories: {', '.join(f'{kind}-repository' for kind in REPOSITORIES)}"
         )
+    if postgres is not None:
+        check_postgres(postgres)
+    if postgres is None or not postgres_rows(backends, only):
+        return _run(directory, backends, None, mode, progress, peers(None), only, registry, readers, ours)
+    with ScratchDatabase(postgres) as scratch:
+        return _run(
+            directory, backends, scratch, mode, progress, peers(scratch), only, registry, readers, ours
+        )
+
+
+def _run(
+    directory: str | None,
+    backends: list[str] | None,
+    postgres: str | None,
+    mode: str,
+    progress: bool,
+    peers: Sequence[shapes.Peer],
+    only: str,
+    registry: Registry | None,
+    readers: Sequence[resume.Reader],
+    ours: Sequence[int],
+) -> dict[str, Any]:
+    """`run`, its PostgreSQL rows (if any) on `postgres`, a scratch database's URL."""
+    plan = Plan(mode)
+    infos = sessionlog.backends(registry)
+    chosen = set(backends) if backends else None
     names = [name for name in infos if chosen is None or name in chosen]
 
     def repository_on(kind: str) -> bool:
