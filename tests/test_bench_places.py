@@ -14,6 +14,7 @@ import pytest
 
 from sessionlog import bench
 from sessionlog.bench import restart, shapes
+from sessionlog.bench.measure import RowFailed
 from sessionlog.bench.places import PlaceError
 
 
@@ -233,3 +234,82 @@ def test_run_from_python_refuses_a_dbname_in_the_query(postgres_server: Any, tmp
         )
     assert _left(postgres_server, database) == NOTHING
     assert list(tmp_path.iterdir()) == []
+
+
+def _with_password(server: Any, password: str, where: str) -> str:
+    """A URL of a new database on `server` with `password`, in its userinfo or its query."""
+    url = server.new_database()
+    user_and_password = url.split("://", 1)[1].split("@", 1)[0]
+    if where == "userinfo":
+        return url.replace(user_and_password, f"sessionlog:{password}")
+    return url.replace(f"{user_and_password}@", "sessionlog@") + f"?password={password}"
+
+
+@pytest.mark.parametrize("where", ["userinfo", "query"])
+@pytest.mark.parametrize("caller", ["command line", "run()"])
+def test_a_password_with_a_bad_percent_escape_is_never_shown(
+    where: str, caller: str, postgres_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # libpq refuses 'Tr0ub4dor%zz3' by quoting it ('invalid percent-encoded token: "..."'); run()
+    # from Python passed it on in a RowFailed
+    url = _with_password(postgres_server, "Tr0ub4dor%zz3", where)
+    if caller == "command line":
+        code, out, err = _bench(capsys, *_argv(tmp_path, url))
+        assert code == bench.EXIT_USAGE and "Traceback" not in err and len(err.strip().splitlines()) == 1
+        shown = out + err
+    else:
+        with pytest.raises(PlaceError) as refused:
+            bench.run(str(tmp_path), ["postgresql-repository"], url, "tiny", False, only="e")
+        shown = str(refused.value) + capsys.readouterr().err
+    assert "invalid percent-encoded token" in shown and "zz3" not in shown and "Tr0ub" not in shown
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("caller", ["command line", "run()"])
+def test_a_failed_row_quoting_the_url_never_shows_its_password(
+    caller: str, postgres_server: Any, tmp_path: Path, monkeypatch: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A row's error is passed on in one line; a driver's may quote the URL it was given, the
+    # scratch database's, which holds the password of --postgres
+    url = postgres_server.new_database()
+    password = url.split("://", 1)[1].split("@", 1)[0].split(":", 1)[1]
+
+    real_fill, real_listing, filled = restart.fill, shapes.listing_job, []
+
+    def fill(kind: str, location: str, sessions: int) -> None:
+        filled.append(location)
+        real_fill(kind, location, sessions)
+
+    def failing_listing(repo: Any, call: str) -> Any:
+        real_listing(repo, call)
+
+        def job() -> Any:
+            raise RuntimeError(f"cannot list {filled[-1]}")
+
+        return job
+
+    monkeypatch.setattr(restart, "fill", fill)
+    monkeypatch.setattr(shapes, "listing_job", failing_listing)
+    if caller == "command line":
+        code, out, err = _bench(capsys, *_argv(tmp_path, url))
+        assert code == bench.EXIT_ROW_FAILED and "Traceback" not in err
+        shown = out + err
+    else:
+        with pytest.raises(RowFailed) as failed:
+            bench.run(str(tmp_path), ["postgresql-repository"], url, "tiny", False, only="e")
+        shown = str(failed.value)
+    assert "'postgresql: list' failed: RuntimeError: cannot list postgresql://sessionlog:***@" in shown, shown
+    assert password not in shown
+    assert _left(postgres_server, url.rsplit("/", 1)[1]) == NOTHING
+
+
+def test_a_url_read_with_a_password_in_its_host_never_shows_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A password holding an unencoded '/' ends the host early: urlsplit and libpq read the host
+    # 'nobody', the port 12 and a path holding the rest of the password; the server named in the
+    # message quoted it
+    url = "postgresql://nobody:12/Sekr3t@db.invalid/app"
+    code, out, err = _bench(capsys, *_argv(tmp_path, url))
+    assert code == bench.EXIT_USAGE and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "Sekr3t" not in out + err, err

@@ -25,9 +25,19 @@ class RowFailed(RuntimeError):
 
     def __init__(self, row: str, error: Exception) -> None:
         self.row = row
+        self.error = error
         cause = error.__cause__ or error.__context__
         because = f" (because {_one_line(cause)})" if cause is not None else ""
         super().__init__(f"the row {row!r} failed: {_one_line(error)}{because}")
+
+    def masking(self, location: str) -> RowFailed:
+        """The same failure, its message with `location`'s password masked (a row's driver may
+        quote it)."""
+        from ..repositories.locations import mask_in
+
+        masked = RowFailed(self.row, self.error)
+        masked.args = (mask_in(str(self), location),)
+        return masked
 
 
 def _one_line(error: BaseException) -> str:

@@ -113,9 +113,10 @@ def _checked(url: str) -> SplitResult:
 
 
 def where(url: str) -> str:
-    """`url` without its password: host, port and database, for messages."""
+    """`url` without its password: host, port and database, for messages. (A password holding an
+    unencoded '/' ends the host early, and its rest is read as the path: masked too.)"""
     parts = _parts(url)
-    return f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path or '/'}"
+    return mask_in(f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path or '/'}", url)
 
 
 def _parts(url: str) -> SplitResult:

@@ -18,7 +18,7 @@ import sessionlog
 from ..repositories.locations import mask_in
 from . import other_work, restart, resume, shapes, trust
 from .flushes import FlushCounter
-from .measure import Job, paired_ratio, steady
+from .measure import Job, RowFailed, paired_ratio, steady
 from .places import ScratchDatabase, check_postgres
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ def run(
     paths for shape g (`resume.readers`, skipped alike); `registry`: where the backends are
     registered (None: the default registry, third-party plugins too); `ours`: the pids of
     processes the bench started for the run (a throwaway server), whose CPU is not other work's
-    (`other_work`). A row that raises stops the run (`RowFailed`);
+    (`other_work`). A row that raises stops the run (`RowFailed`, the URL's password masked);
     the scratch folder and database go in every case."""
     unknown_shapes = set(only) - set(SHAPES)
     if unknown_shapes or not only:
@@ -110,10 +110,13 @@ def run(
         check_postgres(postgres)
     if postgres is None or not postgres_rows(backends, only):
         return _run(directory, backends, None, mode, progress, peers(None), only, registry, readers, ours)
-    with ScratchDatabase(postgres) as scratch:
-        return _run(
-            directory, backends, scratch, mode, progress, peers(scratch), only, registry, readers, ours
-        )
+    try:
+        with ScratchDatabase(postgres) as scratch:
+            return _run(
+                directory, backends, scratch, mode, progress, peers(scratch), only, registry, readers, ours
+            )
+    except RowFailed as failed:  # a driver may quote the scratch URL it was given
+        raise failed.masking(postgres) from failed.error
 
 
 def _run(
