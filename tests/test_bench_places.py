@@ -163,18 +163,26 @@ def test_a_scratch_database_that_cannot_be_dropped_is_named_not_a_traceback(
         "postgresql://u:Sekr3t@[::1/app",  # an unclosed IPv6 host
         "postgresql://u:Sekr3t@db.example:99999/app",  # a port out of range
         "postgresql://u:Sekr3t@db.example:port/app",  # a port that is no number
+        "postgresql://u:Sekr3t@db.example:5432x/app",  # a port and more
     ],
 )
+@pytest.mark.parametrize("caller", ["command line", "run()"])
 def test_a_malformed_postgres_url_is_a_usage_error_that_never_echoes_it(
-    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    url: str, caller: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # Found trying --postgres as a careless user: each was a traceback (ValueError from urlsplit,
-    # or from `.port` while the error message was being made), exit 1
-    argv = ["--dir", str(tmp_path), "--postgres", url, "--backends", "postgresql-repository"]
-    code, out, err = _bench(capsys, *argv, "--shape", "e", "--tiny")
-    assert code == bench.EXIT_USAGE and "Traceback" not in err
+    # or from `.port` while the error message was being made), exit 1; from run(), a traceback
+    # after the peers were tried
+    if caller == "command line":
+        argv = ["--dir", str(tmp_path), "--postgres", url, "--backends", "postgresql-repository"]
+        code, out, err = _bench(capsys, *argv, "--shape", "e", "--tiny")
+        assert code == bench.EXIT_USAGE and "Traceback" not in err and out == ""
+    else:
+        with pytest.raises(PlaceError) as refused:
+            bench.run(str(tmp_path), ["postgresql-repository"], url, "tiny", progress=True, only="ae")
+        err = f"sessionlog bench: error: {refused.value}\n" + capsys.readouterr().err  # nothing measured
     assert err.startswith("sessionlog bench: error: --postgres: not a valid URL")
-    assert len(err.strip().splitlines()) == 1 and "Sekr3t" not in out + err
+    assert len(err.strip().splitlines()) == 1 and "Sekr3t" not in err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -313,3 +321,56 @@ def test_a_url_read_with_a_password_in_its_host_never_shows_it(
     code, out, err = _bench(capsys, *_argv(tmp_path, url))
     assert code == bench.EXIT_USAGE and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert "Sekr3t" not in out + err, err
+
+
+@pytest.fixture(scope="module")
+def unsynced_server() -> Any:
+    """A throwaway server running with fsync=off, as development and CI databases often do."""
+    from sessionlog.testing.postgres import PostgresServer, PostgresUnavailable
+
+    try:
+        server = PostgresServer.start(fsync="off")
+    except (PostgresUnavailable, ModuleNotFoundError) as error:
+        pytest.skip(f"no PostgreSQL server can be started here: {error}")
+    yield server
+    server.stop()
+
+
+def _role_with_weak_commits(server: Any) -> str:
+    """A URL of a new database on `server`, as a new role whose synchronous_commit is off."""
+    database = server.new_database().rsplit("/", 1)[1]
+    role, password = f"bench_{secrets.token_hex(4)}", secrets.token_hex(12)
+    server.psql(f"create role {role} login createdb password '{password}'")
+    server.psql(f"alter role {role} set synchronous_commit = off")
+    return f"postgresql://{role}:{password}@127.0.0.1:{server.port}/{database}"
+
+
+@pytest.mark.parametrize(
+    ("setting", "reason"),
+    [
+        ("fsync=off", "the server runs with fsync=off: no class holds"),
+        ("synchronous_commit=off", "synchronous_commit is 'off', too weak for the power class"),
+    ],
+)
+def test_a_server_that_cannot_hold_the_power_class_skips_the_postgres_rows_and_the_run_goes_on(
+    setting: str, reason: str, request: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Found running bench --postgres against a development server: DurabilityUnavailableError
+    # raised while shape e opened its repository, a traceback, exit 1, the other rows lost
+    if setting == "fsync=off":
+        server = request.getfixturevalue("unsynced_server")
+        url = server.new_database()
+    else:
+        server = request.getfixturevalue("postgres_server")
+        url = _role_with_weak_commits(server)
+    backends = "jsonl,directory-repository,postgresql-repository"
+    argv = ["--dir", str(tmp_path), "--postgres", url, "--backends", backends, "--shape", "aeh", "--tiny"]
+    code, out, err = _bench(capsys, *argv)
+    assert code == bench.EXIT_OK and "Traceback" not in err, err
+    assert "directory: list" in out and "jsonl" in out  # the rest of the run went on
+    assert "postgresql" not in out.replace("PostgreSQL rows", "").lower().split("skipped:")[0]
+    skipped = [line for line in out.splitlines() if line.startswith("skipped: the PostgreSQL rows")]
+    assert len(skipped) == 1 and reason in skipped[0], out
+    assert url.split(":")[2].split("@")[0] not in out + err  # the password
+    assert _left(server, url.rsplit("/", 1)[1]) == NOTHING
+    assert list(tmp_path.iterdir()) == []

@@ -22,6 +22,9 @@
   a session cannot leave its database; the repository names its schema), `host=` and `port=`
   (every connection of the run reads the same URL, so the scratch database is made, used and
   dropped on the one server they name).
+* `ScratchDatabase.refusal()`: a server that cannot give the rows their class (`fsync=off`, as
+  development and CI servers often run, or a weak `synchronous_commit`) is said, and the run
+  skips its PostgreSQL rows with that reason; the rest of the run goes on.
 """
 
 from __future__ import annotations
@@ -171,6 +174,25 @@ class ScratchDatabase:
                 "the URL (a parameter overrides its path); the bench writes only there, never into "
                 "the URL's own database"
             )
+
+    def refusal(self, durability: str = "power") -> str | None:
+        """Why the server cannot give its rows `durability` (the repository's own check at open,
+        `check_class`: fsync=off, a weak synchronous_commit), None when it can; the rows would
+        raise DurabilityUnavailableError."""
+        import psycopg
+
+        from ..core.errors import DurabilityUnavailableError
+        from ..repositories.postgres_schema import check_class
+
+        server = where(self.url).split("/", 1)[0]
+        try:
+            with psycopg.connect(self.scratch_url, autocommit=True, connect_timeout=10) as connection:
+                check_class(connection, durability, server)
+        except DurabilityUnavailableError as error:
+            return self.problem(error)
+        except Exception as error:  # the server went away since the scratch database was made
+            raise PlaceError(f"--postgres {where(self.url)}: {self.problem(error)}") from None
+        return None
 
     def problem(self, error: BaseException) -> str:
         """The driver's message, its first line, with the URL's password masked in every form

@@ -88,7 +88,8 @@ def run(
     """Every shape of `only` (letters of SHAPES); `postgres`: a server's URL for the PostgreSQL
     rows, which run in a scratch database made on it and dropped after, never in the URL's own
     (`places.ScratchDatabase`; a URL that cannot be read or isolated, or a role that cannot create
-    a database, is `places.PlaceError` before anything is measured); `peers`: the other libraries
+    a database, is `places.PlaceError` before anything is measured; on a server that cannot give
+    them the power class, fsync=off say, they are skipped with the reason); `peers`: the other libraries
     as a function of that scratch database's URL (`peers.peers`; None: no server; one that cannot
     open is listed as skipped with the reason, never estimated), `readers`: their read
     paths for shape g (`resume.readers`, skipped alike); `registry`: where the backends are
@@ -110,13 +111,19 @@ def run(
         check_postgres(postgres)
     if postgres is None or not postgres_rows(backends, only):
         return _run(directory, backends, None, mode, progress, peers(None), only, registry, readers, ours)
+    scratch = ScratchDatabase(postgres)
     try:
-        with ScratchDatabase(postgres) as scratch:
-            return _run(
-                directory, backends, scratch, mode, progress, peers(scratch), only, registry, readers, ours
-            )
+        with scratch as server:
+            refused = scratch.refusal("power")  # the class of every PostgreSQL row
+            if refused is None:
+                return _run(
+                    directory, backends, server, mode, progress, peers(server), only, registry, readers, ours
+                )
     except RowFailed as failed:  # a driver may quote the scratch URL it was given
         raise failed.masking(postgres) from failed.error
+    result = _run(directory, backends, None, mode, progress, peers(None), only, registry, readers, ours)
+    result["skipped"].append({"name": "the PostgreSQL rows", "reason": refused})
+    return result
 
 
 def _run(
