@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -289,3 +290,50 @@ def test_a_postgres_url_no_row_uses_is_said_to_be_unused(tmp_path: Path, cli: An
     run = cli("bench", "--tiny", "--shape", "d", "--backends", "jsonl", "--dir", tmp_path, "--postgres", url)
     assert run.code == 0
     assert "--postgres is not used: no PostgreSQL row in this run" in run.err and "Sekr3t" not in run.err
+
+
+def test_a_plot_without_matplotlib_is_a_usage_error_before_the_run(
+    tmp_path: Path, cli: Any, monkeypatch: Any
+) -> None:
+    # Found with --plot where matplotlib is not installed (it is the bench extra's): the whole
+    # run, then a ModuleNotFoundError traceback when the plot was drawn, exit 1, the run lost
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ModuleNotFoundError
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    target = tmp_path / "p.png"
+    run = cli("bench", "--tiny", "--shape", "a", "--backends", "jsonl", "--dir", scratch, "--plot", target)
+    assert run.code == sessionlog.bench.EXIT_USAGE and "Traceback" not in run.err
+    assert run.err.strip() == (
+        f"sessionlog bench: error: --plot {target}: needs matplotlib, which is not installed "
+        "(pip install 'sessionlog[bench]')"
+    )
+    assert run.out == "" and list(scratch.iterdir()) == [] and not target.exists()
+
+
+def test_two_outputs_naming_one_file_are_a_usage_error_before_the_run(tmp_path: Path, cli: Any) -> None:
+    # Found with --json and --markdown given the same FILE: the markdown silently replaced the JSON
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    same = tmp_path / "run.out"
+    run = cli(
+        "bench", "--tiny", "--shape", "d", "--backends", "jsonl", "--dir", scratch,
+        "--json", same, "--markdown", tmp_path / "." / "run.out",
+    )  # fmt: skip
+    assert run.code == sessionlog.bench.EXIT_USAGE and "Traceback" not in run.err
+    assert run.err.strip() == (
+        f"sessionlog bench: error: --markdown {tmp_path / '.' / 'run.out'}: the same file as --json"
+    )
+    assert run.out == "" and sorted(path.name for path in tmp_path.iterdir()) == ["scratch"]
+
+
+def test_an_output_through_a_dangling_link_is_a_usage_error_before_the_run(tmp_path: Path, cli: Any) -> None:
+    # A symbolic link to a file in a folder that is missing: the folder the FILE is written in is
+    # the link's target's, not the link's
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    link = tmp_path / "run.json"
+    link.symlink_to(tmp_path / "no such folder" / "run.json")
+    run = cli("bench", "--tiny", "--shape", "d", "--backends", "jsonl", "--dir", scratch, "--json", link)
+    assert run.code == sessionlog.bench.EXIT_USAGE and "Traceback" not in run.err
+    assert run.err.startswith(f"sessionlog bench: error: --json {link}: no such folder ")
+    assert run.out == "" and sorted(path.name for path in tmp_path.iterdir()) == ["run.json", "scratch"]

@@ -8,8 +8,9 @@ session, a session in use and a blocked recovery):
 * 2: usage: a bad argument, an unknown backend or shape, a `--dir` that is missing, not a
   directory or not writable, a `--postgres` URL that cannot be read (never shown) or on which no
   scratch database can be made, a `--json`, `--markdown` or `--plot` FILE that cannot be
-  written, a `--plot` of a run without shapes a, b, c or f; all before the run; and a `--dir`
-  that fills up (or turns read-only) during the run, a FILE whose writing fails at its end;
+  written or two naming one file, a `--plot` without matplotlib or of a run without shapes a, b,
+  c or f; all before the run; and a `--dir` that fills up (or turns read-only) during the run,
+  a FILE whose writing fails at its end;
 * 5: a row was caught not syncing: a power-class row made fewer device flushes than half its
   commits over its committers (`report.flush_evidence`); the rows are named;
 * 6: a row failed (it raised): the row and the error are named, the run stops;
@@ -32,8 +33,8 @@ import sessionlog
 from . import runner
 from .measure import RowFailed
 from .peers import peers as all_peers
-from .places import PlaceError, check_directory, check_output, check_postgres
-from .report import PLOTTED, advise, markdown, not_syncing, plot, text
+from .places import PlaceError, check_directory, check_outputs, check_postgres
+from .report import PLOTTED, advise, markdown, not_syncing, plot, plotting, text
 from .resume import readers
 
 if TYPE_CHECKING:
@@ -45,8 +46,9 @@ EPILOG = (
     "exit status (distinct from the other sessionlog commands'): 0 the run finished and no row was "
     "caught not syncing; 2 usage (a bad argument, a missing, non-directory or read-only --dir, a "
     "--postgres URL that cannot be read or where no scratch database can be made, a --json, "
-    "--markdown or --plot FILE that cannot be written, a --plot of a run without shapes a, b, c "
-    "or f; all before the run; a --dir that fills up during it, a FILE that fails at its end); "
+    "--markdown or --plot FILE that cannot be written or two naming one file, a --plot without "
+    "matplotlib or of a run without shapes a, b, c or f; all before the run; a --dir that fills "
+    "up during it, a FILE that fails at its end); "
     "5 a row was caught not syncing (a power-class row made fewer device flushes than half its "
     "commits over its committers; named); 6 a row failed (named, with its error); 130 "
     "interrupted. Scratch files and the scratch database are removed in every case."
@@ -119,11 +121,11 @@ def main(argv: list[str] | None = None, *, registry: Registry | None = None) -> 
     mode = "full" if args.full else "tiny" if args.tiny else "quick"
     try:
         directory = check_directory(args.dir)
-        for option, path in (("--json", args.json), ("--markdown", args.markdown), ("--plot", args.plot)):
-            if path is not None:
-                check_output(option, path)
+        check_outputs({"--json": args.json, "--markdown": args.markdown, "--plot": args.plot})
         if args.plot is not None and not set(only) & set(PLOTTED):
             raise PlaceError("--plot: its panels are shapes a, b, c and f; this run has none of them")
+        if args.plot is not None and (unable := plotting()) is not None:
+            raise PlaceError(f"--plot {args.plot}: {unable}")
         if args.postgres is not None:
             check_postgres(args.postgres)
     except PlaceError as error:

@@ -3,8 +3,9 @@
 * `check_directory(path)`: a `--dir` that is missing, not a directory or not writable is
   `PlaceError` naming it and why (the command exits 2, no traceback); the run itself writes only
   into a scratch folder it makes under it (`shapes.Scratch`) and removes, also when interrupted.
-* `check_output(option, path)`: a `--json`, `--markdown` or `--plot` FILE that could not be
-  written is `PlaceError` too, before the run (not after minutes of it).
+* `check_outputs({option: path})`: a `--json`, `--markdown` or `--plot` FILE that could not be
+  written, or two of them naming one file, is `PlaceError` too, before the run (not after
+  minutes of it); nothing is created to find out.
 * `ScratchDatabase(url)`: with `--postgres URL` every PostgreSQL row (the repository, the peers,
   shape e's listing; shape h's restart in a second one) runs in a database the
   bench creates on that server for the run (`sessionlog_bench_<random>`) and drops at the end,
@@ -70,20 +71,39 @@ def check_directory(path: str | None) -> str:
     return where
 
 
+def check_outputs(outputs: dict[str, str | None]) -> None:
+    """`check_output` of each FILE given (option -> path, None: not given), and two options
+    naming one file (the second would replace the first) are PlaceError too."""
+    seen: dict[str, str] = {}
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        check_output(option, path)
+        if Path(path).exists() and not Path(path).is_file():
+            continue  # /dev/null, /dev/stdout: written twice, nothing is lost
+        real = os.path.realpath(path)
+        if real in seen:
+            raise PlaceError(f"{option} {path}: the same file as {seen[real]}")
+        seen[real] = option
+
+
 def check_output(option: str, path: str) -> None:
     """A `--json`, `--markdown` or `--plot` FILE the run could not write at its end (a missing
-    folder, a directory, no permission) is `PlaceError` before anything is measured; the file
-    itself is not created here."""
+    folder, its link's target's too, a directory, no permission) is `PlaceError` before anything
+    is measured; nothing is created here, not even a probe."""
     if path == "":
         raise PlaceError(f"{option}: an empty path")
     target = Path(path)
     try:
         if target.is_dir():
             raise PlaceError(f"{option} {path}: a directory, not a file")
-        folder = target.parent
-        if not folder.is_dir():
-            raise PlaceError(f"{option} {path}: no such folder {folder}")
-        writable = os.access(target, os.W_OK) if target.exists() else os.access(folder, os.W_OK | os.X_OK)
+        if target.exists():
+            writable = os.access(target, os.W_OK)
+        else:  # made where a dangling link points, not beside the link
+            folder = Path(os.path.realpath(path)).parent
+            if not folder.is_dir():
+                raise PlaceError(f"{option} {path}: no such folder {folder}")
+            writable = os.access(folder, os.W_OK | os.X_OK)
     except OSError as error:  # a path through a regular file, a name too long
         raise PlaceError(f"{option} {path}: {error.strerror or error}") from None
     if not writable:

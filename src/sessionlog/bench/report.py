@@ -348,6 +348,15 @@ def markdown(result: dict[str, Any]) -> str:
 PLOTTED = "abcf"  # the shapes `plot` draws a panel of (commit rates beside their ceilings)
 
 
+def plotting() -> str | None:
+    """Why `plot` cannot draw here, None when it can (matplotlib is the bench extra's)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "needs matplotlib, which is not installed (pip install 'sessionlog[bench]')"
+    return None
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     """One panel per shape; bars grouped by durability class, each class's ceiling a dashed line
     over its own group."""
