@@ -337,3 +337,26 @@ def test_an_output_through_a_dangling_link_is_a_usage_error_before_the_run(tmp_p
     assert run.code == sessionlog.bench.EXIT_USAGE and "Traceback" not in run.err
     assert run.err.startswith(f"sessionlog bench: error: --json {link}: no such folder ")
     assert run.out == "" and sorted(path.name for path in tmp_path.iterdir()) == ["run.json", "scratch"]
+
+
+@pytest.mark.parametrize("shape", ["e", "h"])
+def test_a_repository_that_cannot_be_filled_is_a_named_failed_row(
+    shape: str, tmp_path: Path, cli: Any, monkeypatch: Any
+) -> None:
+    # Found with a server that refused the repository while shape e filled it: the filling and
+    # the opening are no measured round, and their error was a raw traceback, exit 1
+    from sessionlog.bench import restart
+
+    def fill_fails(kind: str, location: str, sessions: int) -> None:
+        raise RuntimeError("the disk said no")
+
+    monkeypatch.setattr(restart, "fill", fill_fails)
+    argv = ["--tiny", "--shape", shape, "--backends", "directory-repository", "--dir", tmp_path]
+    run = cli("bench", *argv)
+    assert run.code == sessionlog.bench.EXIT_ROW_FAILED and "Traceback" not in run.err
+    row = "directory: list" if shape == "e" else "directory repository: reopen, list, claim the unfinished"
+    assert run.err.strip().splitlines()[-1] == (
+        f"sessionlog bench: error: the row {row!r} failed: RuntimeError: the disk said no; nothing is "
+        "left of the run"
+    )
+    assert list(tmp_path.iterdir()) == []

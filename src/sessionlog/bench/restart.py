@@ -35,7 +35,7 @@ import sessionlog
 from sessionlog.core import facts as F
 from sessionlog.core.ids import new_id
 
-from .measure import WINDOW, Job
+from .measure import WINDOW, Job, RowFailed
 from .shapes import HEADER
 
 UNFINISHED_EVERY = 10  # one session in ten has an unfinished run
@@ -154,10 +154,14 @@ def restart_rows(places: dict[str, str], sessions: int) -> dict[str, tuple[Job, 
     PostgreSQL: the power class), as a platform opens it."""
     jobs: dict[str, tuple[Job, dict[str, Any]]] = {}
     for kind, location in places.items():
-        fill(kind, location, sessions)
+        name = f"{kind} repository: reopen, list, claim the unfinished"
+        try:  # no measured round, still the row's: named, never a traceback
+            fill(kind, location, sessions)
+        except Exception as error:
+            raise RowFailed(name, error) from error
         meta: dict[str, Any] = {"durability": "-", "kind": "repository", "unit": "sessions/s"}
         reopen = functools.partial(sessionlog.repository, location)
-        jobs[f"{kind} repository: reopen, list, claim the unfinished"] = (
+        jobs[name] = (
             restart_job(reopen, sessions, meta),
             meta,
         )

@@ -383,8 +383,11 @@ def _run(
         try:
             for kind, location in _locations(scratch, postgres).items() if "e" in only else ():
                 if repository_on(kind):
-                    restart.fill(kind, location, plan.listed)
-                    repos[kind] = places[kind](location)
+                    try:  # no measured round, still the row's: named, never a traceback
+                        restart.fill(kind, location, plan.listed)
+                        repos[kind] = places[kind](location)
+                    except Exception as error:
+                        raise RowFailed(f"{kind}: list", error) from error
             jobs = {}
             for kind, repo in repos.items():
                 repo.list(limit=None)  # a directory reads its index once
