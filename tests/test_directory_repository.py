@@ -659,3 +659,37 @@ def test_a_writer_opening_a_session_while_a_listing_probes_it_is_not_refused(
         assert repo.unfinished() == []
     assert [row.session_id for row in repo.unfinished()] == [session_id]
     repo.close()
+
+
+@pytest.mark.skipif(
+    not hasattr(fcntl, "F_OFD_GETLK"), reason="no OFD locks on this platform: the probe takes the flock"
+)
+def test_a_read_lock_someone_else_holds_is_no_live_writer(tmp_path: Path) -> None:
+    """A backup or sync tool holding a POSIX read lock on a crashed session's file made the
+    probe (which asks whether a write lock would be granted) report a live writer: the session
+    was `running` and never recovered. Only a write lock is a writer's (found by a review)."""
+    repo = sessionlog.repository(tmp_path)
+    with repo.create(**HEADER) as store:
+        store.commit(F.accept_prompt("long task"))
+        session_id = str(store.load().session_id)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _READ_LOCKER, str(repo.path(session_id))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        assert [row.session_id for row in repo.unfinished()] == [session_id]
+    finally:
+        holder.communicate("")
+    repo.close()
+
+
+_READ_LOCKER = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.lockf(fd, fcntl.LOCK_SH)  # a POSIX read lock, as a backup tool takes
+print("locked", flush=True)
+sys.stdin.read()
+"""

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -210,3 +211,94 @@ def test_a_fifo_where_the_snapshot_goes_never_blocks_an_open(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["5", "5"]
     assert stat.S_ISFIFO(os.lstat(snapshot_path(path)).st_mode)  # left as it was
+
+
+# -- found by a review: a log changed under its open writer ------------------------------------------
+
+
+def _written_under(path: Path, change: Any) -> sessionlog.SessionStore:
+    """A store of a long session at `path` (its close writes a snapshot), whose log `change`
+    edits in place while the store is open (the same length: its appends do not notice)."""
+    store = sessionlog.create(path, **HEADER)
+    store.commit([F.user_message(PROMPT)])
+    for index in range(snapshot.MIN_LINES + 100):
+        store.commit([F.user_message(f"message {index}")])
+    data = path.read_bytes()
+    changed = change(data)
+    assert len(changed) == len(data)
+    fd = os.open(path, os.O_WRONLY)
+    os.pwrite(fd, changed, 0)
+    os.close(fd)
+    return store
+
+
+def test_a_snapshot_holds_what_the_log_holds_even_if_it_changed_under_its_writer(tmp_path: Path) -> None:
+    """The writer's memory still held the old prompt: a snapshot of it, signed, made every later
+    load disagree with the log. A snapshot is made from the log's bytes, as an open reads them."""
+    path = tmp_path / "a.jsonl"
+    _written_under(path, lambda data: data.replace(PROMPT.encode(), EDITED.encode())).close()
+    assert prompts(sessionlog.reduce_bytes(path.read_bytes()))[0] == EDITED
+    with sessionlog.open(path) as store:
+        assert store.snapshot_lines > 0  # written, and of what the log holds
+        assert prompts(store.load())[0] == EDITED
+
+
+def test_a_log_damaged_under_its_writer_gets_no_snapshot(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "a.jsonl"
+    first = PROMPT.encode()
+    store = _written_under(path, lambda data: data.replace(first, b"\x00" + first[1:], 1))
+    with caplog.at_level(logging.WARNING, logger="sessionlog.snapshot"):
+        store.close()
+    assert store.snapshot_failures == 1 and "could not be written" in caplog.text
+    assert not snapshot_path(path).exists()
+    with pytest.raises(sessionlog.CorruptionError):  # as every full load says
+        sessionlog.open(path)
+
+
+def test_without_a_usable_key_no_snapshot_work_is_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every close of a long session pickled its state, then failed to sign it; and warned of
+    the same key on every open and close."""
+    state = tmp_path / "state"
+    state.write_text("a file where the key's folder goes")
+    monkeypatch.setenv("SESSIONLOG_STATE_DIR", str(state))
+
+    def never(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a snapshot was encoded without a key to sign it")
+
+    monkeypatch.setattr(snapshot, "encode", never)
+    monkeypatch.setattr(snapshot, "load_with_snapshot", never)
+    path = tmp_path / "a.jsonl"
+    with caplog.at_level(logging.WARNING, logger="sessionlog.snapshot"):
+        for _ in range(3):
+            with sessionlog.create(path, **HEADER, exist_ok=True) as store:
+                for index in range(snapshot.MIN_LINES + 10):
+                    store.commit([F.user_message(f"message {index}")])
+    warned = [record.getMessage() for record in caplog.records if "snapshot key" in record.getMessage()]
+    assert len(warned) == 1 and str(state) in warned[0]  # once a process, naming the place
+
+
+@pytest.mark.parametrize("variable", ["XDG_STATE_HOME", "HOME"])
+def test_a_relative_or_empty_state_folder_is_never_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    """A relative XDG_STATE_HOME (the XDG spec says to ignore it) or an empty HOME would put the
+    key in the current folder (a session folder, which travels) or at /."""
+    monkeypatch.delenv("SESSIONLOG_STATE_DIR")
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.setenv("HOME", "" if variable == "HOME" else str(tmp_path / "home"))
+    if variable == "XDG_STATE_HOME":
+        monkeypatch.setenv("XDG_STATE_HOME", "relative/state")
+    monkeypatch.chdir(tmp_path)
+    found = snapshot_key.key_path()
+    if variable == "HOME":
+        assert found is None
+        with pytest.raises(snapshot_key.SnapshotKeyError, match="no folder for the snapshot key"):
+            snapshot_key.make_key()
+    else:
+        assert found == tmp_path / "home" / ".local" / "state" / "sessionlog" / snapshot_key.KEY_FILE
+        snapshot_key.make_key()
+        assert found.exists() and not (tmp_path / "relative").exists()

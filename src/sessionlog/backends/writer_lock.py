@@ -22,7 +22,9 @@ for a bounded time (a bet on timing: a prober descheduled for longer still refus
 Limits, the first two on the safe side (a live writer listed as crashed, whose session a
 recovery then fails to open: the flock still refuses it): a writer of a sessionlog before this
 one holds no OFD lock, so the probe does not see it; nor one on a filesystem that offers flock
-but refuses the OFD lock. Where there are no OFD locks (not Linux) the probe falls back to
+but refuses the OFD lock, nor one that opened while another process held a read lock on the
+file (a backup tool's POSIX lock: the OFD write lock is refused, the flock still taken). Where
+there are no OFD locks (not Linux) the probe falls back to
 `flock`, and a writer opening at its moment can still be refused.
 """
 
@@ -75,7 +77,9 @@ def held(path: str | os.PathLike[str]) -> bool:
                 answer = fcntl.fcntl(fd, _OFD_GETLK, _WHOLE_FILE)
             except OSError:
                 return False
-            return bool(_FLOCK.unpack(answer)[0] != fcntl.F_UNLCK)
+            # the writer's is a write lock; a read lock someone else holds (a backup tool's
+            # POSIX lock) conflicts with the question too, and is no writer
+            return bool(_FLOCK.unpack(answer)[0] == fcntl.F_WRLCK)
         try:  # no lock table to ask: take the lock for a moment (a writer opening now is refused)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

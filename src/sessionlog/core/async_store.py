@@ -390,7 +390,11 @@ class AsyncSessionStore(StoreStatus):
         if write is None or read_prefix is None:
             return False
         try:
-            blob = await asyncio.to_thread(snapshot_of, pipeline, await read_prefix(pipeline.length))
+            read_snapshot = getattr(backend, "read_snapshot", None)
+            previous = await read_snapshot() if read_snapshot is not None else None
+            blob = await asyncio.to_thread(
+                snapshot_of, pipeline, await read_prefix(pipeline.length), previous
+            )
             if blob is None:
                 return False
             await write(blob)

@@ -32,37 +32,69 @@ class SnapshotKeyError(OSError):
     """This user's snapshot key cannot be made or used: no snapshot is written."""
 
 
-def key_path() -> Path:
-    """Where this user's snapshot key is kept."""
+def key_path() -> Path | None:
+    """Where this user's snapshot key is kept; None when no absolute folder is named (a relative
+    `XDG_STATE_HOME` is ignored, as the XDG spec says; an empty or relative HOME names none)."""
     if folder := os.environ.get("SESSIONLOG_STATE_DIR"):
-        return Path(folder) / KEY_FILE
-    if state := os.environ.get("XDG_STATE_HOME"):
+        return Path(folder).absolute() / KEY_FILE
+    state = os.environ.get("XDG_STATE_HOME", "")
+    if os.path.isabs(state):
         return Path(state) / "sessionlog" / KEY_FILE
-    return Path.home() / ".local" / "state" / "sessionlog" / KEY_FILE
+    home = os.environ.get("HOME")
+    if home is None:  # the password entry's
+        try:
+            home = str(Path.home())
+        except RuntimeError:
+            return None
+    if not os.path.isabs(home):  # expanduser would read an empty HOME as /
+        return None
+    return Path(home) / ".local" / "state" / "sessionlog" / KEY_FILE
 
 
 def read_key() -> bytes | None:
-    """This user's key, or None when there is none (or it cannot be used: logged)."""
+    """This user's key, or None when there is none (or it cannot be used: warned once)."""
     path = key_path()
+    if path is None:
+        return None
     try:
         return _read(path)
     except FileNotFoundError:
         return None
     except SnapshotKeyError as error:
-        _log.warning("%s", error)
+        warn_once(str(error))
         return None
     except OSError as error:
-        _log.warning("%s: the snapshot key cannot be read (%s): snapshots are not used", path, error)
+        warn_once(
+            f"{path}: the snapshot key cannot be read ({error.strerror or error}): snapshots are not used"
+        )
         return None
+
+
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """A snapshot key's problem, logged once a process (every open and close would repeat it)."""
+    if message not in _warned:
+        _warned.add(message)
+        _log.warning("%s", message)
 
 
 def make_key() -> bytes:
     """This user's key, made now if there is none (two processes making it at once agree on
     one: it is linked into place, never replaced). SnapshotKeyError when it cannot be."""
     path = key_path()
+    if path is None:
+        raise SnapshotKeyError(
+            "no folder for the snapshot key: HOME is empty or relative (set SESSIONLOG_STATE_DIR)"
+        )
     with contextlib.suppress(FileNotFoundError):
         return _read(path)
     try:
+        if path.parent.exists() and not path.parent.is_dir():
+            raise SnapshotKeyError(
+                f"{path.parent}: the snapshot key's folder is not a folder: snapshots are not used"
+            )
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         temporary = path.parent / f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(6)}"
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

@@ -28,6 +28,7 @@ from .errors import (
 from .framing import DEFAULT_MAX_LINE_BYTES, NUL_WINDOW
 from .loading import check_torn_tail
 from .snapshot import encode, load_with_snapshot, worth_writing
+from .snapshot_key import SnapshotKeyError, make_key, warn_once
 from .state import SessionState
 
 _log = logging.getLogger("sessionlog.snapshot")
@@ -145,7 +146,11 @@ def reduce_stored_from(
 
 
 def log_snapshot_failure(path: Path, what: str, error: BaseException) -> None:
-    """A snapshot that could not be read or written: logged, never raised (it is a cache)."""
+    """A snapshot that could not be read or written: logged, never raised (it is a cache). A
+    problem of the user's key (`snapshot_key`) is the same for every session: said once."""
+    if isinstance(error, SnapshotKeyError):
+        warn_once(str(error))
+        return
     _log.warning("%s: the snapshot could not be %s (%r); the log is untouched", path, what, error)
 
 
@@ -160,12 +165,25 @@ def read_snapshot_quietly(read: Callable[[], bytes | None] | None, path: Path) -
         return None
 
 
-def snapshot_of(pipeline: CommitPipeline, prefix: bytes) -> bytes | None:
-    """The snapshot of an idle pipeline's state, given the log's first `pipeline.length` bytes
-    (`read_prefix`); None when the bytes are not that long (something else changed the file)."""
+def snapshot_of(pipeline: CommitPipeline, prefix: bytes, previous: bytes | None) -> bytes | None:
+    """The snapshot of the log's first `pipeline.length` bytes, `prefix` as read back now (None
+    when they are not that long, or a transaction is in flight). Made from those bytes as an open
+    reduces them (from `previous`, the snapshot there now, when it belongs to them), never from
+    the writer's memory: a log changed under its writer in place (an edit of the same length,
+    which its appends cannot notice) gets a snapshot of what it holds, never a signed claim that
+    it holds what the writer remembers; one that no longer reduces gets none (its error raised).
+    SnapshotKeyError first, before any work, when no key can sign it."""
     if pipeline.pending or len(prefix) != pipeline.length:
         return None
-    return encode(pipeline.reducer, prefix, pipeline.length, pipeline.max_line_bytes)
+    key = make_key()
+    reducer, end, _, _ = load_with_snapshot(prefix, previous, max_line_bytes=pipeline.max_line_bytes)
+    if end != pipeline.length or reducer.next_seq != pipeline.reducer.next_seq:
+        raise SessionChangedError(
+            f"the log changed under its writer: it holds {end:,} committed bytes up to seq "
+            f"{reducer.next_seq - 1}, the writer wrote {pipeline.length:,} up to seq "
+            f"{pipeline.reducer.next_seq - 1}"
+        )
+    return encode(reducer, prefix, end, pipeline.max_line_bytes, key=key)
 
 
 class StoreStatus:
@@ -324,7 +342,8 @@ class SessionStore(StoreStatus):
             return False
         pipeline = self._pipeline
         try:
-            blob = snapshot_of(pipeline, read_prefix(pipeline.length))
+            previous = read_snapshot_quietly(getattr(backend, "read_snapshot", None), self.path)
+            blob = snapshot_of(pipeline, read_prefix(pipeline.length), previous)
             if blob is None:
                 return False
             write(blob)
