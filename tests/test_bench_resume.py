@@ -7,6 +7,7 @@ timing is asserted: figures are the bench's business."""
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from typing import Any
 
@@ -184,3 +185,45 @@ def test_shape_g_resumes_a_session_as_its_writers_close_leaves_it_and_leaves_no_
         assert read() == MIN_LINES
     finally:
         close()
+
+
+def test_a_bench_run_signs_its_snapshots_with_a_key_of_its_scratch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shape g's sessions are snapshotted at their close, and a snapshot is signed with the
+    user's key (core/snapshot_key.py): the bench made one in the user's HOME, which outlived its
+    run (and with a read-only HOME, none: its snapshot row timed a full reduction). A run's key
+    is its scratch's, removed with it (found by a review of #38)."""
+    from sessionlog.bench.shapes import Scratch
+    from sessionlog.core.snapshot import MIN_LINES
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.delenv("SESSIONLOG_STATE_DIR")
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    scratch = Scratch(str(tmp_path))
+    try:
+        data = resume.session_bytes(scratch.fresh(), [{"content": f"m {n}"} for n in range(MIN_LINES)])
+        read, close = resume.sessionlog_build("jsonl")(scratch.fresh(), data)  # its snapshot made
+        close()
+    finally:
+        scratch.remove()
+    assert list(home.iterdir()) == [] and list(tmp_path.iterdir()) == [home]
+    assert "SESSIONLOG_STATE_DIR" not in os.environ  # given back as it was
+
+
+def test_shape_g_fails_its_row_when_the_snapshot_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sessionlog.core import snapshot_key
+    from sessionlog.core.snapshot import MIN_LINES
+
+    def unusable() -> bytes:
+        raise snapshot_key.SnapshotKeyError("no key here")
+
+    monkeypatch.setattr(snapshot_key, "make_key", unusable)
+    monkeypatch.setattr("sessionlog.core.store.make_key", unusable)
+    data = resume.session_bytes(tmp_path, [{"content": f"message {n}"} for n in range(MIN_LINES)])
+    with pytest.raises(RuntimeError, match="no snapshot"):
+        resume.sessionlog_build("jsonl")(tmp_path, data)

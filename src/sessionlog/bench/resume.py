@@ -36,7 +36,8 @@ from typing import Any
 
 import sessionlog
 from sessionlog.backends.jsonl import open_jsonl
-from sessionlog.backends.side_files import remove_snapshot
+from sessionlog.backends.side_files import remove_snapshot, snapshot_path
+from sessionlog.core.snapshot import worth_writing
 from sessionlog.backends.sqlite_info import INFOS
 from sessionlog.core import facts as F
 from sessionlog.core.store import BackendInfo
@@ -143,6 +144,7 @@ def sessionlog_build(backend: str, registry: Any = None) -> Callable[[Path, byte
                     return len(list(store.load().active_context))
 
             read()  # untimed: the session as its writer's close leaves it, its snapshot beside it
+            _check_snapshot(path, backend, data, registry)
             return read, lambda: None
 
         runner = asyncio.Runner()
@@ -155,9 +157,26 @@ def sessionlog_build(backend: str, registry: Any = None) -> Callable[[Path, byte
                 await store.close()
 
         runner.run(resume())  # untimed, as for a sync backend
+        try:
+            _check_snapshot(path, backend, data, registry)
+        except BaseException:
+            runner.close()
+            raise
         return lambda: runner.run(resume()), runner.close
 
     return build
+
+
+def _check_snapshot(path: Path, backend: str, data: bytes, registry: Any) -> None:
+    """RuntimeError when a file backend's session long enough for a snapshot has none after its
+    untimed read's close (no key could sign it, the disk is full): the row would time a full
+    reduction as a resume from the snapshot."""
+    keeps = sessionlog.backends(registry)[backend].plain_file and worth_writing(data.count(b"\n"), 0)
+    if keeps and not snapshot_path(path).exists():
+        raise RuntimeError(
+            f"no snapshot was written at the close of the {backend} session (the sessionlog.snapshot "
+            "warning says why): its row would time a full reduction as a resume from the snapshot"
+        )
 
 
 class _WithoutSnapshots:

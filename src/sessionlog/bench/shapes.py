@@ -53,6 +53,10 @@ class Scratch:
     def __init__(self, parent: str | None) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="sessionlog-bench-", dir=parent))
         self._count = 0
+        # The run's sessions sign their snapshots with a key of the scratch's (core.snapshot_key),
+        # removed with it: never one made in the user's HOME, which may also be read-only.
+        self._state = os.environ.get("SESSIONLOG_STATE_DIR")
+        os.environ["SESSIONLOG_STATE_DIR"] = str(self.root / "state")
 
     def fresh(self) -> Path:
         self._count += 1
@@ -61,6 +65,10 @@ class Scratch:
         return folder
 
     def remove(self) -> None:
+        if self._state is None:
+            os.environ.pop("SESSIONLOG_STATE_DIR", None)
+        else:
+            os.environ["SESSIONLOG_STATE_DIR"] = self._state
         shutil.rmtree(self.root, ignore_errors=True)
 
 
