@@ -205,7 +205,7 @@ def test_a_bench_run_signs_its_snapshots_with_a_key_of_its_scratch(
     scratch = Scratch(str(tmp_path))
     try:
         data = resume.session_bytes(scratch.fresh(), [{"content": f"m {n}"} for n in range(MIN_LINES)])
-        read, close = resume.sessionlog_build("jsonl")(scratch.fresh(), data)  # its snapshot made
+        _, close = resume.sessionlog_build("jsonl")(scratch.fresh(), data)  # its snapshot made
         close()
     finally:
         scratch.remove()

@@ -37,9 +37,9 @@ from typing import Any
 import sessionlog
 from sessionlog.backends.jsonl import open_jsonl
 from sessionlog.backends.side_files import remove_snapshot, snapshot_path
-from sessionlog.core.snapshot import worth_writing
 from sessionlog.backends.sqlite_info import INFOS
 from sessionlog.core import facts as F
+from sessionlog.core.snapshot import worth_writing
 from sessionlog.core.store import BackendInfo
 from sessionlog.plugins.hookspecs import hookimpl
 from sessionlog.plugins.registry import Registry, plugin_manager
