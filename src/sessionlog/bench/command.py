@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +33,7 @@ from . import runner
 from .measure import RowFailed
 from .peers import peers as all_peers
 from .places import PlaceError, check_directory, check_outputs, check_postgres
-from .report import PLOTTED, advise, markdown, not_syncing, plot, plotting, text
+from .report import PLOTTED, advise, as_json, markdown, not_syncing, plot, plotting, text
 from .resume import readers
 
 if TYPE_CHECKING:
@@ -152,7 +151,7 @@ def main(argv: list[str] | None = None, *, registry: Registry | None = None) -> 
     result["recommendation"] = advise(result)
     print(text(result))
     writes = (
-        ("--json", args.json, lambda path: Path(path).write_text(json.dumps(result, indent=1))),
+        ("--json", args.json, lambda path: Path(path).write_text(as_json(result))),
         ("--markdown", args.markdown, lambda path: Path(path).write_text(markdown(result))),
         ("--plot", args.plot, lambda path: plot(result, Path(path))),
     )

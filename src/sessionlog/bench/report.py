@@ -3,9 +3,10 @@ recommendation computed from the rows, the same as Markdown, and the plot."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +14,16 @@ from . import trust
 from .runner import SHAPES
 
 CLASSES = ("process", "power", "replicated")
-ABOVE = {
+ABOVE = {  # why a row that syncs is above a ceiling that syncs, per shape
     "b": "commits queued at once share one write and one sync (group commit), which the ceiling "
     "(one sync per line) does not",
     "c": "jsonl-syncfs covers the commits of many sessions with one syncfs, a repository puts them "
     "in one transaction (one sync), and ext4 merges concurrent syncs of different files",
 }
+ABOVE_WRITE = {  # why a row is above a ceiling that does not sync (os.write), per shape
+    "b": "commits queued at once share one write, which the ceiling (one write per line) does not",
+}
+SAME_ROUNDS = "measured in the same rounds; the ceiling's rounds were slower"
 
 
 def _rate(value: float) -> str:
@@ -32,10 +37,66 @@ def _shapes(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return grouped
 
 
-def _why_above(row: dict[str, Any]) -> str:
-    if row.get("vs_ceiling", 0) <= 1.0 or row.get("versus"):  # beside another row, not a ceiling
+def _above(row: Mapping[str, Any]) -> bool:
+    return row.get("vs_ceiling", 0) > 1.0 and not row.get("versus")  # versus: beside another row
+
+
+def _why_above(row: Mapping[str, Any], unsynced: bool = False) -> str:
+    """Why a row stands above its ceiling ("" when it does not). A row that makes no sync (its
+    class, process; or its counted flushes: `unsynced`) beside a ceiling that syncs is said not
+    to sync, never explained by how syncs are shared."""
+    if not _above(row):
         return ""
-    return ABOVE.get(row["shape"][0], "measured in the same rounds; the ceiling's rounds were slower")
+    if "sync" not in row.get("ceiling", ""):
+        return ABOVE_WRITE.get(row["shape"][0], SAME_ROUNDS)
+    if row.get("durability") == "process":
+        return (
+            "it does not sync (process class: its commits reach the operating system, not the disk), "
+            f"and its ceiling ({row['ceiling']}) syncs every line"
+        )
+    if unsynced:
+        return (
+            f"it does not sync: {row['flushes']:,} flushes for {row['operations']:,} commits (see NOT "
+            f"SYNCING), and its ceiling ({row['ceiling']}) syncs every line"
+        )
+    return ABOVE.get(row["shape"][0], SAME_ROUNDS)
+
+
+def said(result: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """What the run says of each row, (shape, name) -> its `note` (why it is above its ceiling,
+    what a restart's claims did; None), whether its figure holds (`reliable`, and why not:
+    `reliability_reason`, `trust.doubts` and a busy machine's `trust.machine_wide`) and the
+    spread of its rounds (`spread_pct`, (max - min) / median). The one place these are made: the
+    text, the Markdown and the JSON (`annotated`) print them."""
+    every = trust.machine_wide(result)
+    doubts = trust.doubts(result)
+    unsynced = caught(result)
+    found = {}
+    for row in result["rows"]:
+        key = (row["shape"], row["name"])
+        why = _why_above(row, key in unsynced)
+        notes = [f"{row['name']} is above its ceiling: {why}"] if why else []
+        notes += [f"{row['name']}: {row['claim_stopped']}"] if row.get("claim_stopped") else []
+        reasons = [reason for reason in (every, doubts.get(key)) if reason]
+        found[key] = {
+            "note": "; ".join(notes) or None,
+            "reliable": not reasons,
+            "reliability_reason": "; ".join(reasons) or None,
+            "spread_pct": round(trust.spread(row) * 100, 1),
+        }
+    return found
+
+
+def annotated(result: dict[str, Any]) -> dict[str, Any]:
+    """The run with what it says of each row (`said`) in the row, and its unreliable figures
+    (`trust.unreliable`) beside them: what `--json` writes."""
+    found = said(result)
+    rows = [{**row, **found[(row["shape"], row["name"])]} for row in result["rows"]]
+    return {**result, "rows": rows, "unreliable": trust.unreliable(result)}
+
+
+def as_json(result: dict[str, Any]) -> str:
+    return json.dumps(annotated(result), indent=1)
 
 
 def table(shape: str, rows: list[dict[str, Any]]) -> list[list[str]]:
@@ -58,7 +119,7 @@ def table(shape: str, rows: list[dict[str, Any]]) -> list[list[str]]:
     ordered = sorted(rows, key=lambda row: (row["kind"] != "ceiling", -row["per_s"]))
     for row in ordered:
         ratio = f"{row['vs_ceiling']:.2f}x" if "vs_ceiling" in row else ""
-        if _why_above(row):
+        if _above(row) and row["kind"] != "ceiling":
             ratio += " (above: see note)"
         ceiling = f"{row['ceiling']} {_rate(row['ceiling_per_s'])}" if "ceiling_per_s" in row else ""
         cells.append(
@@ -75,13 +136,9 @@ def table(shape: str, rows: list[dict[str, Any]]) -> list[list[str]]:
     return cells
 
 
-def _notes(rows: list[dict[str, Any]]) -> list[str]:
-    above = [
-        f"  note: {row['name']} is above its ceiling: {_why_above(row)}" for row in rows if _why_above(row)
-    ]
-    return above + [
-        f"  note: {row['name']}: {row['claim_stopped']}" for row in rows if row.get("claim_stopped")
-    ]
+def _notes(rows: list[dict[str, Any]], found: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[str]:
+    notes = (found[(row["shape"], row["name"])]["note"] for row in rows)
+    return [f"  note: {note}" for note in notes if note]
 
 
 def recommend(
@@ -298,6 +355,7 @@ def _libraries(machine: dict[str, Any]) -> list[str]:
 
 def text(result: dict[str, Any]) -> str:
     machine = result["machine"]
+    found = said(result)
     out = [
         f"sessionlog bench ({result['mode']}, {result['seconds']} s): {machine['date']}, "
         f"{machine['platform']}, "
@@ -316,7 +374,7 @@ def text(result: dict[str, Any]) -> str:
                 "  "
                 + "  ".join(cell.ljust(width) for cell, width in zip(cell_row, widths, strict=True)).rstrip()
             )
-        out += _notes(members)
+        out += _notes(members, found)
     for peer in result.get("skipped", []):
         out.append(f"skipped: {peer['name']}: {peer['reason']}")
     out += ["", "Bounds and evidence (figures of this run):"] + [f"  * {line}" for line in checks(result)]
@@ -327,6 +385,7 @@ def text(result: dict[str, Any]) -> str:
 
 def markdown(result: dict[str, Any]) -> str:
     machine = result["machine"]
+    found = said(result)
     out = [
         "# sessionlog bench",
         "",
@@ -339,7 +398,7 @@ def markdown(result: dict[str, Any]) -> str:
         cells = table(shape, members)
         out += ["", f"## {shape}", "", "| " + " | ".join(cells[0]) + " |", "|" + " --- |" * len(cells[0])]
         out += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in cells[1:]]
-        out += [line.strip() for line in _notes(members)]
+        out += [line.strip() for line in _notes(members, found)]
     out += ["", "## Bounds", ""] + [f"* {line}" for line in checks(result)]
     out += ["", "## Recommendation", ""] + [f"* {line}" for line in result.get("recommendation") or []]
     return "\n".join(out) + "\n"

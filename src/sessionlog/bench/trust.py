@@ -41,33 +41,55 @@ def worst_spread(ceilings: Mapping[str, Mapping[str, Any]]) -> float:
     return max((spread(row) for row in ceilings.values()), default=0.0)
 
 
-def unreliable(result: Mapping[str, Any]) -> list[str]:
-    """The figures of this run that do not hold, each with why."""
-    lines = []
+def machine_wide(result: Mapping[str, Any]) -> str | None:
+    """Why no figure of this run holds (a busy machine), None when the machine was not."""
     load = result.get("load") or {}
     cpus, others, start = load.get("cpus") or 0, load.get("others"), load.get("start")
     hold = "ratios to the ceilings measured in the same rounds hold better than rates"
     if others is not None and others > BUSY:
-        lines.append(f"every figure: other work took {others:.0%} of the {cpus} CPUs during the run ({hold})")
-    elif others is None and cpus and start is not None and start > cpus:
-        lines.append(f"every figure: the machine's load was {start:.1f} on {cpus} CPUs at the start ({hold})")
+        return f"every figure: other work took {others:.0%} of the {cpus} CPUs during the run ({hold})"
+    if others is None and cpus and start is not None and start > cpus:
+        return f"every figure: the machine's load was {start:.1f} on {cpus} CPUs at the start ({hold})"
+    return None
+
+
+def doubts(result: Mapping[str, Any]) -> dict[tuple[str, str], str]:
+    """(shape, name) -> why that row's (or ceiling's) own figure does not hold: its rounds
+    spread by more than MOVED, or (a row) its ceiling's did. The one place the verdict of a row
+    is made: `unreliable` prints it, `unreliable_rows` and the JSON rows (`report.said`) carry it."""
     ceilings = {(row["shape"], row["name"]): row for row in result["rows"] if row["kind"] == "ceiling"}
-    shapes: dict[str, tuple[list[str], list[str]]] = {}  # shape -> (its moved ceilings, its rows)
+    found = {}
     for row in result["rows"]:
-        moved_ceilings, rows = shapes.setdefault(row["shape"], ([], []))
+        key = (row["shape"], row["name"])
         if row["kind"] == "ceiling":
             if spread(row) > MOVED:
                 again = " even measured again" if row.get("remeasured") else ""
-                moved_ceilings.append(
-                    f"the ceiling {row['name']} moved {spread(row):.0%} between rounds{again}"
-                )
+                found[key] = f"the ceiling moved {spread(row):.0%} between rounds{again}"
             continue
         ceiling = ceilings.get((row["shape"], row.get("ceiling")))
         if spread(row) > MOVED:
             low, high = row["min_per_s"], row["max_per_s"]
-            rows.append(f"{row['name']} (its rounds spread {spread(row):.0%}: {low:,.0f}-{high:,.0f}/s)")
+            found[key] = f"its rounds spread {spread(row):.0%}: {low:,.0f}-{high:,.0f}/s"
         elif ceiling is not None and spread(ceiling) > MOVED:
-            rows.append(f"{row['name']} (vs ceiling: the ceiling moved)")
+            found[key] = "vs ceiling: the ceiling moved"
+    return found
+
+
+def unreliable(result: Mapping[str, Any]) -> list[str]:
+    """The figures of this run that do not hold, each with why."""
+    every = machine_wide(result)
+    lines = [every] if every else []
+    found = doubts(result)
+    shapes: dict[str, tuple[list[str], list[str]]] = {}  # shape -> (its moved ceilings, its rows)
+    for row in result["rows"]:
+        moved_ceilings, rows = shapes.setdefault(row["shape"], ([], []))
+        why = found.get((row["shape"], row["name"]))
+        if why is None:
+            continue
+        if row["kind"] == "ceiling":
+            moved_ceilings.append(why.replace("the ceiling", f"the ceiling {row['name']}", 1))
+        else:
+            rows.append(f"{row['name']} ({why})")
     for shape, (moved_ceilings, rows) in shapes.items():
         if moved_ceilings or rows:
             parts = moved_ceilings + ([f"unreliable rows: {', '.join(rows)}"] if rows else [])
@@ -77,15 +99,8 @@ def unreliable(result: Mapping[str, Any]) -> list[str]:
 
 def unreliable_rows(result: Mapping[str, Any]) -> set[tuple[str, str]]:
     """(shape, name) of the rows whose figure does not hold (their spread, or their ceiling's)."""
-    ceilings = {(row["shape"], row["name"]): row for row in result["rows"] if row["kind"] == "ceiling"}
-    found = set()
-    for row in result["rows"]:
-        ceiling = ceilings.get((row["shape"], row.get("ceiling")))
-        if row["kind"] != "ceiling" and (
-            spread(row) > MOVED or (ceiling is not None and spread(ceiling) > MOVED)
-        ):
-            found.add((row["shape"], row["name"]))
-    return found
+    kinds = {(row["shape"], row["name"]): row["kind"] for row in result["rows"]}
+    return {key for key in doubts(result) if kinds[key] != "ceiling"}
 
 
 def full_estimate(

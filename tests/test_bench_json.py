@@ -1,0 +1,135 @@
+"""What the JSON of a run says of each row: the same note and reliability as the printed text,
+from one place (`report.said`), and a note that never explains a row that does not sync by a
+group commit. Tested on recorded figures and on a `--tiny` run's structure (no timing here)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sessionlog.bench import report
+
+B = "b: 1 session, 64 committers"
+A = "a: 1 session, 1 committer, 1 fact"
+
+
+def _row(shape: str, name: str, per_s: float, low: float, high: float, **more: Any) -> dict[str, Any]:
+    return {
+        "shape": shape,
+        "name": name,
+        "kind": "backend",
+        "durability": "power",
+        "per_s": per_s,
+        "min_per_s": low,
+        "max_per_s": high,
+        "p50_us": 200.0,
+        "p99_us": 400.0,
+        **more,
+    }
+
+
+def _ceiling(shape: str, name: str, per_s: float, low: float, high: float, **more: Any) -> dict[str, Any]:
+    return {**_row(shape, name, per_s, low, high, kind="ceiling"), **more}
+
+
+def _result(rows: list[dict[str, Any]], load: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "mode": "quick",
+        "seconds": 100.0,
+        "rows": rows,
+        "flush_device": "vda",
+        "flushes": "flushes counted on /dev/vda",
+        "load": load or {"cpus": 2, "start": 0.1, "end": 0.4, "others": 0.02},
+        "machine": {
+            "date": "2026-12-08 00:00 UTC",
+            "platform": "Linux",
+            "cpus": 2,
+            "python": "3.11",
+            "sessionlog": "0",
+            "sqlite": "3",
+            "directory": "/tmp",
+            "filesystem": "ext4 on /",
+        },
+    }
+
+
+def _shape_b() -> list[dict[str, Any]]:
+    fdatasync, write = "64 threads: write+fdatasync", "64 threads: os.write"
+    return [
+        _ceiling(B, fdatasync, 1000, 900, 1100, flushes=1900, operations=1920),
+        _ceiling(B, write, 50000, 20000, 80000),  # moved 120%
+        _row(
+            B, "jsonl-group", 1500, 1400, 1600, ceiling=fdatasync, vs_ceiling=1.5, flushes=30, operations=1920
+        ),
+        _row(
+            B, "sqlite-async", 800, 300, 1200, ceiling=fdatasync, vs_ceiling=0.8, flushes=40, operations=1920
+        ),
+        _row(B, "jsonl-async", 3300, 3200, 3400, durability="process", ceiling=write, vs_ceiling=0.07),
+    ]
+
+
+def test_each_json_row_carries_the_note_reliability_and_spread_the_text_prints() -> None:
+    result = _result(_shape_b())
+    said = json.loads(report.as_json(result))
+    rows = {row["name"]: row for row in said["rows"]}
+    group = rows["jsonl-group"]
+    assert group["reliable"] is True and group["reliability_reason"] is None
+    assert group["spread_pct"] == 13.3  # (1600 - 1400) / 1500
+    assert group["note"].startswith("jsonl-group is above its ceiling: commits queued at once share")
+    spread = rows["sqlite-async"]
+    assert spread["reliable"] is False and spread["spread_pct"] == 112.5
+    assert spread["reliability_reason"] == "its rounds spread 112%: 300-1,200/s"
+    assert spread["note"] is None
+    moved = rows["64 threads: os.write"]
+    assert (
+        moved["reliable"] is False and moved["reliability_reason"] == "the ceiling moved 120% between rounds"
+    )
+    beside_moved = rows["jsonl-async"]
+    assert beside_moved["reliable"] is False
+    assert beside_moved["reliability_reason"] == "vs ceiling: the ceiling moved"
+    # the text says the same of each, from the same place
+    printed = report.text(result)
+    for row in said["rows"]:
+        if row["note"]:
+            assert f"note: {row['note']}" in printed
+        if not row["reliable"] and row["kind"] != "ceiling":
+            assert f"{row['name']} ({row['reliability_reason']})" in printed
+    assert said["unreliable"] == report.trust.unreliable(result)
+
+
+def test_on_a_busy_machine_every_json_row_is_unreliable_and_says_why() -> None:
+    busy = _result(_shape_b(), {"cpus": 2, "start": 0.2, "end": 5.5, "others": 0.5})
+    rows = json.loads(report.as_json(busy))["rows"]
+    assert all(row["reliable"] is False for row in rows)
+    assert rows[2]["reliability_reason"].startswith("every figure: other work took 50% of the 2 CPUs")
+
+
+def test_a_row_that_does_not_sync_is_never_explained_by_a_group_commit() -> None:
+    # the issue's run: jsonl-async (process class) 3.3x above the write+fdatasync ceiling of shape b
+    fdatasync = "64 threads: write+fdatasync"
+    rows = [
+        _ceiling(B, fdatasync, 1000, 900, 1100, flushes=1900, operations=1920),
+        _row(B, "jsonl-async", 3300, 3200, 3400, durability="process", ceiling=fdatasync, vs_ceiling=3.3),
+        # a power row whose counted flushes show it made no sync
+        _row(
+            B, "liar-async", 3000, 2900, 3100, ceiling=fdatasync, vs_ceiling=3.0, flushes=0, operations=1920
+        ),
+    ]
+    printed = report.text(_result(rows))
+    for name in ("jsonl-async", "liar-async"):
+        (line,) = [line for line in printed.splitlines() if line.startswith(f"  note: {name} ")]
+        assert "group commit" not in line and "does not sync" in line, line
+    said = {row["name"]: row for row in json.loads(report.as_json(_result(rows)))["rows"]}
+    for name in ("jsonl-async", "liar-async"):
+        note = said[name]["note"]
+        assert "group commit" not in note and "does not sync" in note, note
+    assert "process class" in said["jsonl-async"]["note"]
+    assert "0 flushes for 1,920 commits" in said["liar-async"]["note"]
+    # in shape a, a process row above a sync ceiling is said alike
+    one = [
+        _ceiling(A, "write+fdatasync", 300, 290, 310, flushes=180, operations=180),
+        _row(A, "jsonl", 9000, 8900, 9100, durability="process", ceiling="write+fdatasync", vs_ceiling=30.0),
+    ]
+    (_, row) = json.loads(report.as_json(_result(one)))["rows"]
+    assert "does not sync" in row["note"]
+
