@@ -5,6 +5,7 @@ group commit. Tested on recorded figures and on a `--tiny` run's structure (no t
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from sessionlog.bench import report
@@ -133,3 +134,18 @@ def test_a_row_that_does_not_sync_is_never_explained_by_a_group_commit() -> None
     (_, row) = json.loads(report.as_json(_result(one)))["rows"]
     assert "does not sync" in row["note"]
 
+
+def test_a_tiny_run_of_shape_b_sets_each_row_beside_a_ceiling_of_its_class(tmp_path: Path, cli: Any) -> None:
+    out = tmp_path / "run.json"
+    run = cli("bench", "--tiny", "--shape", "b", "--dir", str(tmp_path), "--json", out)
+    assert run.code == 0, run.err
+    said = json.loads(out.read_text())
+    for row in said["rows"]:
+        assert {"note", "reliable", "reliability_reason", "spread_pct"} <= set(row), row
+    ceilings = {row["name"] for row in said["rows"] if row["kind"] == "ceiling"}
+    assert ceilings == {"64 threads: write+fdatasync", "64 threads: os.write"}
+    rows = [row for row in said["rows"] if row["kind"] != "ceiling"]
+    assert {row["name"] for row in rows} >= {"jsonl-async", "sqlite-normal-async", "jsonl-group"}
+    for row in rows:
+        syncs = row["durability"] != "process"
+        assert row["ceiling"] == ("64 threads: write+fdatasync" if syncs else "64 threads: os.write"), row
