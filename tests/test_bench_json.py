@@ -149,3 +149,52 @@ def test_a_tiny_run_of_shape_b_sets_each_row_beside_a_ceiling_of_its_class(tmp_p
     for row in rows:
         syncs = row["durability"] != "process"
         assert row["ceiling"] == ("64 threads: write+fdatasync" if syncs else "64 threads: os.write"), row
+
+
+def test_both_kinds_of_ceiling_are_measured_and_the_rows_set_beside_the_one_doing_their_work(
+    tmp_path: Path, cli: Any
+) -> None:
+    out = tmp_path / "run.json"
+    run = cli(
+        "bench",
+        "--tiny",
+        "--shape",
+        "ac",
+        "--backends",
+        "jsonl,jsonl-fsync",
+        "--dir",
+        tmp_path,
+        "--json",
+        out,
+    )
+    assert run.code == 0, run.err
+    said = json.loads(out.read_text())
+    for shape in {row["shape"] for row in said["rows"]}:
+        ceilings = {
+            row["name"]: row for row in said["rows"] if row["shape"] == shape and row["kind"] == "ceiling"
+        }
+        kept = {name for name, row in ceilings.items() if row["files"] == "kept open across rounds"}
+        fresh = {name for name, row in ceilings.items() if row["files"] == "fresh each round"}
+        assert kept and {name.removesuffix(", kept open") for name in kept} == fresh, ceilings
+        for name in kept:  # side by side, in the same rounds
+            assert (
+                ceilings[name]["vs_fresh"] > 0 and name.removesuffix(", kept open") in ceilings[name]["note"]
+            )
+        for row in said["rows"]:  # the rows' sessions are kept open across rounds: so is their ceiling
+            if row["shape"] == shape and row["kind"] == "backend":
+                assert row["ceiling"] in kept, row
+
+
+def test_the_note_of_a_kept_open_ceiling_says_whether_it_agrees_with_fresh_files() -> None:
+    def kept(ratio: float) -> dict[str, Any]:
+        return _ceiling(A, "write+fdatasync, kept open", 300, 290, 310, vs_fresh=ratio)
+
+    agree = report.said(_result([_ceiling(A, "write+fdatasync", 300, 290, 310), kept(1.04)]))
+    assert agree[(A, "write+fdatasync")]["note"] is None
+    note = agree[(A, "write+fdatasync, kept open")]["note"]
+    assert "1.04x write+fdatasync (fresh files each round)" in note and "the two agree (within 10%)" in note
+    differ = report.said(_result([_ceiling(A, "write+fdatasync", 300, 290, 310), kept(0.51)]))
+    assert "they differ" in differ[(A, "write+fdatasync, kept open")]["note"]
+    moved = report.said(_result([_ceiling(A, "write+fdatasync", 300, 100, 310), kept(0.51)]))
+    note = moved[(A, "write+fdatasync, kept open")]["note"]
+    assert "cannot tell whether they agree" in note and "differ" not in note

@@ -12,6 +12,7 @@ from typing import Any
 
 from . import trust
 from .runner import SHAPES
+from .shapes import KEPT_OPEN
 
 CLASSES = ("process", "power", "replicated")
 ABOVE = {  # why a row that syncs is above a ceiling that syncs, per shape
@@ -24,6 +25,7 @@ ABOVE_WRITE = {  # why a row is above a ceiling that does not sync (os.write), p
     "b": "commits queued at once share one write, which the ceiling (one write per line) does not",
 }
 SAME_ROUNDS = "measured in the same rounds; the ceiling's rounds were slower"
+AGREE = 0.1  # a ceiling kept open and its twin on fresh files agree within 10% (their paired ratio)
 
 
 def _rate(value: float) -> str:
@@ -62,6 +64,30 @@ def _why_above(row: Mapping[str, Any], unsynced: bool = False) -> str:
     return ABOVE.get(row["shape"][0], SAME_ROUNDS)
 
 
+def _two_ceilings(row: Mapping[str, Any], moved: bool) -> str:
+    """How a ceiling kept open across rounds (the rows' sessions are) compares with its twin on
+    fresh files each round, measured in the same rounds ("" for another row); `moved`: either
+    one's rounds spread by more than `trust.MOVED` (then the run cannot tell)."""
+    if "vs_fresh" not in row:
+        return ""
+    fresh = row["name"].removesuffix(KEPT_OPEN)
+    ratio = row["vs_fresh"]
+    beside = "the rows whose sessions are kept open are set beside this one (their work)"
+    if moved:
+        verdict = (
+            f"this run cannot tell whether they agree (a ceiling of the two moved between rounds); {beside}"
+        )
+    elif abs(ratio - 1) <= AGREE:
+        verdict = f"the two agree (within {AGREE:.0%})"
+    else:
+        verdict = f"they differ; {beside}"
+    return (
+        f"{row['name']} (its files kept open across rounds, as the rows' sessions are) is {ratio:.2f}x "
+        f"{fresh} (fresh files each round), the median of their per-round ratios in the same rounds: "
+        f"{verdict}"
+    )
+
+
 def said(result: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
     """What the run says of each row, (shape, name) -> its `note` (why it is above its ceiling,
     what a restart's claims did; None), whether its figure holds (`reliable`, and why not:
@@ -76,6 +102,8 @@ def said(result: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
         key = (row["shape"], row["name"])
         why = _why_above(row, key in unsynced)
         notes = [f"{row['name']} is above its ceiling: {why}"] if why else []
+        twin = (row["shape"], row["name"].removesuffix(KEPT_OPEN))
+        notes += [two] if (two := _two_ceilings(row, key in doubts or twin in doubts)) else []
         notes += [f"{row['name']}: {row['claim_stopped']}"] if row.get("claim_stopped") else []
         reasons = [reason for reason in (every, doubts.get(key)) if reason]
         found[key] = {
@@ -318,7 +346,7 @@ def checks(result: dict[str, Any]) -> list[str]:
         best = max(power, key=lambda row: row["vs_ceiling"])
         lines.append(
             f"64 sessions, power class: the best row ({best['name']}) reaches {best['vs_ceiling']:.2f}x "
-            "64 threads each writing and fdatasyncing its own file (bound: 0.6x)"
+            f"64 threads each writing and fdatasyncing its own file ({best['ceiling']}; bound: 0.6x)"
         )
     unsynced, missing = flush_evidence(result)
     lines.append(result.get("flushes", "flushes not counted"))

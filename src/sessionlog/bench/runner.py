@@ -178,7 +178,12 @@ def _run(
         marks = {"remeasured": True} if remeasured else {}
         for name in ceilings:
             summary = measured[name].summary()
-            rows.append({"shape": shape, "name": name, "kind": "ceiling", **summary, **marks})
+            kept = name.endswith(shapes.KEPT_OPEN)
+            files: dict[str, Any] = {"files": "kept open across rounds" if kept else "fresh each round"}
+            fresh = name.removesuffix(shapes.KEPT_OPEN)
+            if kept and fresh in measured:  # the two kinds of ceiling, measured in the same rounds
+                files["vs_fresh"] = paired_ratio(measured[name], measured[fresh])
+            rows.append({"shape": shape, "name": name, "kind": "ceiling", **summary, **files, **marks})
         for name, (_, meta) in jobs.items():
             ceiling = meta.get("ceiling")
             row = {
@@ -219,13 +224,17 @@ def _run(
             for name in names:
                 info = infos[name]
                 commits = plan.commits(info.durability, info.api)
-                ceiling = _ceiling(info.durability, 1, info.syncs_filesystem)
+                ceiling = _ceiling(info.durability, 1, info.syncs_filesystem, kept=True)
                 jobs[name] = (
                     shapes.sessions_job(scratch, name, 1, commits, facts, registry),
                     {"durability": info.durability, "api": info.api, "ceiling": ceiling},
                 )
             for peer in usable if facts == 1 else ():  # a peer commits one message
-                ceiling = shapes.POSTGRES_CEILING if peer.on_postgres else _ceiling(peer.durability, 1)
+                ceiling = (
+                    shapes.POSTGRES_CEILING
+                    if peer.on_postgres
+                    else _ceiling(peer.durability, 1, kept=peer.kept_open)
+                )
                 jobs[f"peer: {peer.name}"] = (
                     shapes.peer_job(scratch, peer, 1, plan.commits(peer.durability, "sync")),
                     {"durability": peer.durability, "kind": "peer", "ceiling": ceiling},
@@ -286,6 +295,7 @@ def _run(
         # (c) N sessions, one writer each
         for sessions in plan.sessions if "c" in only else ():
             say(f"{sessions} sessions, one writer each")
+            kept_open = sessions <= shapes.KEPT_UP_TO  # the rows' sessions kept open across rounds
             jobs = {}
             for name in names:
                 info = infos[name]
@@ -300,8 +310,7 @@ def _run(
                     {
                         "durability": info.durability,
                         "api": info.api,
-                        "ceiling": f"{sessions} threads: "
-                        + ("write+fdatasync" if info.durability != "process" else "os.write"),
+                        "ceiling": _ceiling(info.durability, sessions, kept=kept_open),
                     },
                 )
             for durability in ("power", "process") if repository_on("sqlite") else ():
@@ -317,8 +326,7 @@ def _run(
                         "durability": durability,
                         "api": "async",
                         "kind": "repository",
-                        "ceiling": f"{sessions} threads: "
-                        + ("write+fdatasync" if durability == "power" else "os.write"),
+                        "ceiling": _ceiling(durability, sessions, kept=kept_open),
                     },
                 )
             for peer in usable:
@@ -330,7 +338,11 @@ def _run(
                         {
                             "durability": peer.durability,
                             "kind": "peer",
-                            "ceiling": _ceiling(peer.durability, sessions),
+                            "ceiling": _ceiling(
+                                peer.durability,
+                                sessions,
+                                kept=kept_open and peer.kept_open,
+                            ),
                         },
                     )
             if postgres and repository_on("postgresql"):
@@ -342,17 +354,16 @@ def _run(
                         "durability": "power",
                         "api": "async",
                         "kind": "repository",
-                        "ceiling": f"{sessions} threads: write+fdatasync",
+                        "ceiling": _ceiling("power", sessions, kept=kept_open),
                         "on_server": True,  # its data on the server's disk, not --dir's
                     },
                 )
             ceilings = {
-                f"{sessions} threads: write+fdatasync": shapes.ceiling_job(
-                    scratch, sessions, plan.session_commits("power", "sync", sessions), "write+fdatasync"
-                ),
-                f"{sessions} threads: os.write": shapes.ceiling_job(
-                    scratch, sessions, plan.session_commits("process", "sync", sessions), "os.write"
-                ),
+                f"{sessions} threads: {kind}{shapes.KEPT_OPEN if kept else ''}": shapes.ceiling_job(
+                    scratch, sessions, plan.session_commits(durability, "sync", sessions), kind, kept
+                )
+                for kind, durability in (("write+fdatasync", "power"), ("os.write", "process"))
+                for kept in ((False, True) if kept_open else (False,))
             }
             measure(f"c: {sessions} sessions, one writer each", jobs, ceilings)
         # (d) loading
@@ -422,7 +433,7 @@ def _run(
                     {
                         "durability": info.durability,
                         "api": info.api,
-                        "ceiling": _ceiling(info.durability, 1, info.syncs_filesystem),
+                        "ceiling": _ceiling(info.durability, 1, info.syncs_filesystem, kept=True),
                     },
                 )
             ceilings = _one_writer_ceilings(scratch, plan, any(infos[n].syncs_filesystem for n in names))
@@ -511,23 +522,29 @@ def _load() -> float | None:
 
 def _one_writer_ceilings(scratch: shapes.Scratch, plan: Plan, syncfs: bool) -> dict[str, Job]:
     """The bare ceilings of one writer: write+fdatasync, os.write and, when a backend syncs its
-    filesystem, write+syncfs."""
+    filesystem, write+syncfs; each on a fresh file each round and on one kept open across
+    rounds (`shapes.KEPT_OPEN`), as the rows' sessions are, measured in the same rounds."""
     kinds = ["write+fdatasync", "write+syncfs", "os.write"] if syncfs else ["write+fdatasync", "os.write"]
     commits = {kind: plan.commits("process" if kind == "os.write" else "power", "sync") for kind in kinds}
-    return {kind: shapes.ceiling_job(scratch, 1, commits[kind], kind) for kind in kinds}
+    return {
+        kind + (shapes.KEPT_OPEN if kept else ""): shapes.ceiling_job(scratch, 1, commits[kind], kind, kept)
+        for kind in kinds
+        for kept in (False, True)
+    }
 
 
-def _ceiling(durability: str, sessions: int, syncs_filesystem: bool = False) -> str:
+def _ceiling(durability: str, sessions: int, syncs_filesystem: bool = False, kept: bool = False) -> str:
     """The name of the ceiling a row of `durability` with `sessions` writers is measured against:
     one session's is the bare form of its own sync; many sessions' is always N threads each
-    writing and fdatasyncing its own file (what a writer per session would reach)."""
+    writing and fdatasyncing its own file (what a writer per session would reach). `kept`: the
+    row's sessions are kept open across rounds (`shapes.Kept`), and so are its ceiling's files."""
     if durability == "process":
         kind = "os.write"
     elif sessions == 1 and syncs_filesystem:
         kind = "write+syncfs"
     else:
         kind = "write+fdatasync"
-    return kind if sessions == 1 else f"{sessions} threads: {kind}"
+    return (kind if sessions == 1 else f"{sessions} threads: {kind}") + (shapes.KEPT_OPEN if kept else "")
 
 
 PEER_PACKAGES = (  # the versions a run names, of those installed

@@ -5,7 +5,8 @@
 * `committers_job`: one session, many asyncio tasks committing at once (async stores).
 * `ceiling_job`: what the machine allows for the same shape: N threads each appending 500-byte
   lines to a file of its own, with `fdatasync` (or `syncfs`, for the rows syncing that way) after
-  each (power) or without (process).
+  each (power) or without (process); on fresh files each round, or (`kept`, named `KEPT_OPEN`)
+  on files opened before the first round and appended to across rounds, as the rows' sessions are.
 * `postgres_ceiling_job`: what a PostgreSQL server allows one session: a bare INSERT of a
   500-byte line on one autocommit connection a commit (the ceiling of the rows on that server).
 * `repository_job`: N sessions of one repository (a SQLite file, a PostgreSQL database) through
@@ -275,34 +276,52 @@ def committers_job(
 
 
 CEILINGS = ("os.write", "write+fdatasync", "write+syncfs")
+KEPT_OPEN = ", kept open"  # the name of a ceiling's twin whose files are kept open across rounds
 
 
-def ceiling_job(scratch: Scratch, sessions: int, commits: int, how: str) -> Job:
+def ceiling_job(scratch: Scratch, sessions: int, commits: int, how: str, kept: bool = False) -> Job:
     """N threads each writing 500-byte lines to its own file, `how` one of CEILINGS (the sync, if
-    any, after each line)."""
+    any, after each line): new files each round, or (`kept`) files opened before the first round
+    and closed after the last (`Kept`, as the rows' sessions are), each round appending to them."""
     if how not in CEILINGS:
         raise ValueError(f"a ceiling is one of {CEILINGS}, not {how!r}")
     line = b"x" * 499 + b"\n"
     sync = {"os.write": None, "write+fdatasync": os.fdatasync, "write+syncfs": DEFAULT_OPS.syncfs}[how]
 
-    def run() -> tuple[int, float, list[float]]:
+    def opening() -> tuple[Job, Callable[[], Any]]:
         folder = scratch.fresh()
-        fds = [
-            os.open(folder / f"{number}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            for number in range(sessions)
-        ]
+        fds: list[int] = []
+
+        def close() -> None:
+            try:
+                for fd in fds:
+                    os.close(fd)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+
+        try:
+            for number in range(sessions):
+                fds.append(os.open(folder / f"{number}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+        except BaseException:
+            close()
+            raise
 
         def write(session: int, index: int) -> None:
             os.write(fds[session], line)
             if sync is not None:
                 sync(fds[session])
 
+        return (lambda: in_threads(sessions, commits, write)), close
+
+    if kept:
+        return Kept(opening, sessions)
+
+    def run() -> tuple[int, float, list[float]]:
+        one_round, close = opening()
         try:
-            return in_threads(sessions, commits, write)
+            return one_round()
         finally:
-            for fd in fds:
-                os.close(fd)
-            shutil.rmtree(folder, ignore_errors=True)
+            close()
 
     return run
 
