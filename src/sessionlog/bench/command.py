@@ -95,7 +95,9 @@ def parser() -> argparse.ArgumentParser:
     size.add_argument(
         "--tiny", action="store_true", help="a smoke test of the shapes: seconds, numbers too small to trust"
     )
-    made.add_argument("--json", metavar="FILE", help="every row, as JSON")
+    made.add_argument(
+        "--json", metavar="FILE", help="every row, as JSON, with its note and whether its figure holds"
+    )
     made.add_argument("--markdown", metavar="FILE", help="the tables and the recommendation")
     made.add_argument("--plot", metavar="FILE", help="a PNG: one panel per shape (needs matplotlib)")
     return made
