@@ -9,24 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from sessionlog.bench import report
+from test_bench_trust import result_of, row_of
 
 B = "b: 1 session, 64 committers"
 A = "a: 1 session, 1 committer, 1 fact"
 
 
 def _row(shape: str, name: str, per_s: float, low: float, high: float, **more: Any) -> dict[str, Any]:
-    return {
-        "shape": shape,
-        "name": name,
-        "kind": "backend",
-        "durability": "power",
-        "per_s": per_s,
-        "min_per_s": low,
-        "max_per_s": high,
-        "p50_us": 200.0,
-        "p99_us": 400.0,
-        **more,
-    }
+    return row_of(shape, name, per_s, low, high, **more)
 
 
 def _ceiling(shape: str, name: str, per_s: float, low: float, high: float, **more: Any) -> dict[str, Any]:
@@ -35,12 +25,7 @@ def _ceiling(shape: str, name: str, per_s: float, low: float, high: float, **mor
 
 def _result(rows: list[dict[str, Any]], load: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
-        "mode": "quick",
-        "seconds": 100.0,
-        "rows": rows,
-        "flush_device": "vda",
-        "flushes": "flushes counted on /dev/vda",
-        "load": load or {"cpus": 2, "start": 0.1, "end": 0.4, "others": 0.02},
+        **result_of(rows, load or {"cpus": 2, "start": 0.1, "end": 0.4, "others": 0.02}),
         "machine": {
             "date": "2026-12-08 00:00 UTC",
             "platform": "Linux",

@@ -14,9 +14,10 @@ from sessionlog.bench import report, trust
 SHAPE = "a: 1 session, 1 committer, 1 fact"
 
 
-def _row(name: str, per_s: float, low: float, high: float, **more: Any) -> dict[str, Any]:
+def row_of(shape: str, name: str, per_s: float, low: float, high: float, **more: Any) -> dict[str, Any]:
+    """A recorded row of a run's result (a power-class backend unless `more` says otherwise)."""
     return {
-        "shape": SHAPE,
+        "shape": shape,
         "name": name,
         "kind": "backend",
         "durability": "power",
@@ -25,9 +26,12 @@ def _row(name: str, per_s: float, low: float, high: float, **more: Any) -> dict[
         "max_per_s": high,
         "p50_us": 200.0,
         "p99_us": 400.0,
-        "ceiling": "write+fdatasync",
         **more,
     }
+
+
+def _row(name: str, per_s: float, low: float, high: float, **more: Any) -> dict[str, Any]:
+    return row_of(SHAPE, name, per_s, low, high, **{"ceiling": "write+fdatasync", **more})
 
 
 def _ceiling(per_s: float, low: float, high: float, **more: Any) -> dict[str, Any]:
@@ -46,7 +50,8 @@ def _ceiling(per_s: float, low: float, high: float, **more: Any) -> dict[str, An
     }
 
 
-def _result(rows: list[dict[str, Any]], load: dict[str, Any] | None = None) -> dict[str, Any]:
+def result_of(rows: list[dict[str, Any]], load: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A recorded run's result holding `rows`."""
     return {
         "mode": "quick",
         "seconds": 100.0,
@@ -64,7 +69,7 @@ def test_a_row_caught_not_syncing_is_never_recommended() -> None:
         _row("jsonl-syncfs", 1200, 1100, 1300, flushes=3, operations=180),
         _row("jsonl-fsync", 290, 280, 300, flushes=181, operations=180),
     ]
-    result = _result(rows)
+    result = result_of(rows)
     assert report.caught(result) == {(SHAPE, "jsonl-syncfs")}
     (advice,) = report.advise(result)
     assert "jsonl-fsync" in advice and "jsonl-syncfs" not in advice
@@ -77,34 +82,34 @@ def test_rows_whose_rounds_overlap_are_recommended_together() -> None:
         _row("sqlite", 280, 270, 295, flushes=200, operations=180),  # its fastest round beats 250
         _row("jsonl-group", 150, 140, 160, flushes=180, operations=180),
     ]
-    (advice,) = report.advise(_result(rows))
+    (advice,) = report.advise(result_of(rows))
     assert advice.startswith(f"{SHAPE}, power class: jsonl-fsync (290 commits/s")
     assert "or sqlite (280): their rounds overlap" in advice and "jsonl-group" not in advice
-    (apart,) = report.advise(_result([rows[0], rows[1], rows[3]]))
+    (apart,) = report.advise(result_of([rows[0], rows[1], rows[3]]))
     assert " or " not in apart
 
 
 def test_a_moved_ceiling_makes_its_rows_unreliable_and_a_busy_machine_every_figure() -> None:
     steady = [_ceiling(300, 290, 310), _row("jsonl-fsync", 290, 280, 300, flushes=180, operations=180)]
-    assert trust.unreliable(_result(steady)) == []
-    assert report.advise(_result(steady))[0].endswith("p99 400 µs)")
+    assert trust.unreliable(result_of(steady)) == []
+    assert report.advise(result_of(steady))[0].endswith("p99 400 µs)")
     moved = [_ceiling(300, 73, 341, remeasured=True), steady[1]]  # 89% apart, even measured again
-    (line,) = trust.unreliable(_result(moved))
+    (line,) = trust.unreliable(result_of(moved))
     assert line == (
         f"{SHAPE}: the ceiling write+fdatasync moved 89% between rounds even measured again; "
         "unreliable rows: jsonl-fsync (vs ceiling: the ceiling moved)"
     )
-    assert trust.unreliable_rows(_result(moved)) == {(SHAPE, "jsonl-fsync")}
-    assert report.advise(_result(moved))[0].endswith("(unreliable in this run: see above)")
+    assert trust.unreliable_rows(result_of(moved)) == {(SHAPE, "jsonl-fsync")}
+    assert report.advise(result_of(moved))[0].endswith("(unreliable in this run: see above)")
     # The load at the end counts the run's own threads: only other work's CPU makes a run busy
-    idle = trust.unreliable(_result(steady, {"cpus": 2, "start": 0.2, "end": 5.5, "others": 0.04}))
+    idle = trust.unreliable(result_of(steady, {"cpus": 2, "start": 0.2, "end": 5.5, "others": 0.04}))
     assert idle == []
-    busy = trust.unreliable(_result(steady, {"cpus": 2, "start": 0.2, "end": 5.5, "others": 0.5}))
+    busy = trust.unreliable(result_of(steady, {"cpus": 2, "start": 0.2, "end": 5.5, "others": 0.5}))
     assert busy and busy[0].startswith("every figure: other work took 50% of the 2 CPUs during the run")
-    unread = trust.unreliable(_result(steady, {"cpus": 2, "start": 3.5, "end": 0.2, "others": None}))
+    unread = trust.unreliable(result_of(steady, {"cpus": 2, "start": 3.5, "end": 0.2, "others": None}))
     assert unread and unread[0].startswith("every figure: the machine's load was 3.5 on 2 CPUs at the start")
     spread_out = [steady[0], _row("jsonl-fsync", 100, 40, 300)]
-    assert trust.unreliable(_result(spread_out)) == [
+    assert trust.unreliable(result_of(spread_out)) == [
         f"{SHAPE}: unreliable rows: jsonl-fsync (its rounds spread 260%: 40-300/s)"
     ]
 
@@ -114,7 +119,7 @@ def test_the_printed_checks_say_what_was_measured_again_and_what_is_unreliable()
         _ceiling(300, 73, 341, remeasured=True),
         _row("jsonl-fsync", 290, 280, 300, flushes=180, operations=180),
     ]
-    result = {**_result(moved), "full_estimate_s": 900.0}
+    result = {**result_of(moved), "full_estimate_s": 900.0}
     lines = report.checks(result)
     assert (
         lines[0]
@@ -184,6 +189,6 @@ def test_the_full_estimate_of_shape_c_scales_its_commits_and_its_opening_apart()
 def test_a_run_without_a_commit_rate_shape_says_why_it_recommends_nothing() -> None:
     # `--shape d` (loads) gave an empty "Recommendation" heading: nothing said, not why
     loads = [dict(_row("jsonl", 900, 850, 950), shape="d: load 1,000 facts", unit="loads/s")]
-    assert report.advise(_result(loads)) == [
+    assert report.advise(result_of(loads)) == [
         "none: it compares the commit rates of shapes a, b, c and f, and this run has none of them"
     ]
