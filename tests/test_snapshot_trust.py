@@ -232,15 +232,23 @@ def _written_under(path: Path, change: Any) -> sessionlog.SessionStore:
     return store
 
 
-def test_a_snapshot_holds_what_the_log_holds_even_if_it_changed_under_its_writer(tmp_path: Path) -> None:
+def test_no_snapshot_is_written_of_a_log_changed_under_its_writer(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The writer's memory still held the old prompt: a snapshot of it, signed, made every later
-    load disagree with the log. A snapshot is made from the log's bytes, as an open reads them."""
+    load disagree with the log. A snapshot is written only of the bytes its writer knows (read
+    at open, then appended: their sha256, checked at the close)."""
     path = tmp_path / "a.jsonl"
-    _written_under(path, lambda data: data.replace(PROMPT.encode(), EDITED.encode())).close()
+    store = _written_under(path, lambda data: data.replace(PROMPT.encode(), EDITED.encode()))
+    with caplog.at_level(logging.WARNING, logger="sessionlog.snapshot"):
+        store.close()
+    assert store.snapshot_failures == 1 and "the log changed under its writer" in caplog.text
+    assert not snapshot_path(path).exists()
     assert prompts(sessionlog.reduce_bytes(path.read_bytes()))[0] == EDITED
     with sessionlog.open(path) as store:
-        assert store.snapshot_lines > 0  # written, and of what the log holds
-        assert prompts(store.load())[0] == EDITED
+        assert prompts(store.load())[0] == EDITED  # what every full load says
+    with sessionlog.open(path) as store:  # the close above wrote a snapshot of the log as it is
+        assert store.snapshot_lines > 0 and prompts(store.load())[0] == EDITED
 
 
 def test_a_log_damaged_under_its_writer_gets_no_snapshot(

@@ -160,7 +160,13 @@ class AsyncSessionStore(StoreStatus):
                 except Exception as error:  # a cache: never the user's error
                     log_snapshot_failure(path, "read", error)
             reduce = functools.partial(
-                reduce_stored_from, data, snapshot, path, **info.nul_rule(), max_line_bytes=max_line_bytes
+                reduce_stored_from,
+                data,
+                snapshot,
+                path,
+                **info.nul_rule(),
+                max_line_bytes=max_line_bytes,
+                known=hasattr(backend, "write_snapshot"),  # what a snapshot will be checked against
             )
             if len(data) > _REDUCE_IN_THREAD_BYTES:
                 pipeline, end, covered = await asyncio.to_thread(reduce)
@@ -390,11 +396,7 @@ class AsyncSessionStore(StoreStatus):
         if write is None or read_prefix is None:
             return False
         try:
-            read_snapshot = getattr(backend, "read_snapshot", None)
-            previous = await read_snapshot() if read_snapshot is not None else None
-            blob = await asyncio.to_thread(
-                snapshot_of, pipeline, await read_prefix(pipeline.length), previous
-            )
+            blob = await asyncio.to_thread(snapshot_of, pipeline, await read_prefix(pipeline.length))
             if blob is None:
                 return False
             await write(blob)

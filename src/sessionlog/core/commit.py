@@ -229,6 +229,9 @@ class CommitPipeline:
         self.undoable = True
         # True: each line is a `Line` carrying its facts (the store sets it from its backend).
         self.line_facts = False
+        # The sha256 of the bytes this pipeline knows the log holds (read at open, then every line
+        # acknowledged), for a store that writes snapshots (`core.store.snapshot_of`); else None.
+        self.known: Any = None
 
     @property
     def pending(self) -> int:
@@ -318,13 +321,15 @@ class CommitPipeline:
 
     def acknowledge(self, *batch: Prepared) -> None:
         """The backend stored `batch` (the oldest pending transactions, in order)."""
-        pending = self._pending
+        pending, known = self._pending, self.known
         size = 0
         for prepared in batch:
             if not pending or pending[0] is not prepared:
                 raise RuntimeError("transactions are acknowledged in the order they were prepared")
             pending.popleft()
             size += len(prepared.line)
+            if known is not None:
+                known.update(prepared.line)
         self._pending_bytes -= size
         self.length += size
         self.lines += len(batch)

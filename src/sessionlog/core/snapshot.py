@@ -139,11 +139,12 @@ def encode(
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     *,
     key: bytes | None = None,
+    prefix: str | None = None,
 ) -> bytes:
     """The snapshot of `reducer`, the state of exactly `data[:length]` (the committed prefix),
     every line of which is at most `max_line_bytes` (the store's limit: it read or wrote them),
     signed with `key` (this user's, made if need be: `snapshot_key`; SnapshotKeyError when it
-    cannot be)."""
+    cannot be); `prefix`: the sha256 of `data[:length]` in hex, when the caller hashed it already."""
     if reducer.undo is not None:
         raise RuntimeError("a snapshot is taken between transactions, not while one is validated")
     if len(data) < length or data[length - 1 : length] != b"\n":
@@ -160,7 +161,7 @@ def encode(
         **versions(),
         "session": reducer.header.get("id"),
         "covered": length,
-        "prefix": hashlib.sha256(memoryview(data)[:length]).hexdigest(),
+        "prefix": prefix or hashlib.sha256(memoryview(data)[:length]).hexdigest(),
         "bodyLength": len(body),
     }
     signed = orjson.dumps(meta) + b"\n" + body
@@ -195,8 +196,9 @@ def restore(
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     *,
     key: bytes | None = None,
-) -> tuple[Reducer, int, int] | None:
-    """(The reducer `blob` holds, the length and the lines it covers), if it is a snapshot of
+) -> tuple[Reducer, int, int, Any] | None:
+    """(The reducer `blob` holds, the length and the lines it covers, the sha256 object of those
+    bytes, to be extended), if it is a snapshot of
     this library signed with `key` (this user's: `snapshot_key`) of a prefix of `data[:end]`
     (the committed part of the log in hand), that prefix is exactly the bytes it covered, its
     lines are within `max_line_bytes`, and the restored state ends where the covered part does
@@ -228,7 +230,7 @@ def _ends_where_covered(reducer: Reducer, data: bytes, covered: int) -> bool:
 
 def _restore(
     blob: bytes, data: bytes, end: int, max_line_bytes: int, key: bytes
-) -> tuple[Reducer, int, int] | None:
+) -> tuple[Reducer, int, int, Any] | None:
     if not blob.startswith(MAGIC):
         return None
     signed_at = blob.find(b"\n", len(MAGIC)) + 1
@@ -247,7 +249,8 @@ def _restore(
     body = memoryview(blob)[split + 1 :]
     if len(body) != body_length or data[covered - 1] != 0x0A:
         return None
-    if hashlib.sha256(memoryview(data)[:covered]).hexdigest() != meta.get("prefix"):
+    prefix = hashlib.sha256(memoryview(data)[:covered])
+    if prefix.hexdigest() != meta.get("prefix"):
         return None
     fields, length, covered_lines, longest = _Restricted(io.BytesIO(body)).load()
     if type(fields) is not dict or length != covered or type(covered_lines) is not int:
@@ -265,7 +268,7 @@ def _restore(
         return None
     fields["entries"] = entries
     reducer.__dict__.update(fields)
-    return reducer, covered, covered_lines
+    return reducer, covered, covered_lines, prefix
 
 
 def load_with_snapshot(
@@ -278,14 +281,41 @@ def load_with_snapshot(
     path: Any = None,
 ) -> tuple[Reducer, int, int, int]:
     """`loading.load`, from the snapshot `blob` when it belongs to `data`: (the reducer, the
-    committed length, the lines and the bytes the snapshot covered: 0 when none was used). The result is the
-    full reduction's, whatever `blob` holds; so is the error of a log that does not reduce."""
+    committed length, the lines and the bytes the snapshot covered: 0 when none was used). The
+    result is the full reduction's, whatever `blob` holds; so is the error of a log that does not
+    reduce."""
+    reducer, end, covered_lines, covered, _ = load_known(
+        data,
+        blob,
+        max_line_bytes=max_line_bytes,
+        nul_tail=nul_tail,
+        nul_window=nul_window,
+        path=path,
+        known=False,
+    )
+    return reducer, end, covered_lines, covered
+
+
+def load_known(
+    data: bytes,
+    blob: bytes | None,
+    *,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    nul_tail: bool = False,
+    nul_window: int = 0,
+    path: Any = None,
+    known: bool = True,
+) -> tuple[Reducer, int, int, int, Any]:
+    """`load_with_snapshot`, and (`known`) the sha256 object of the committed bytes, which a
+    writer extends with every line it appends: what it knows the log holds, checked before a
+    snapshot of its state is written (`core.store.snapshot_of`). Made from the snapshot's own
+    check of the bytes it covers when one is used, so only the tail is hashed again."""
     if blob:
         end = committed_end(data, nul_tail=nul_tail, nul_window=nul_window)
         with gc_paused():  # many small containers, all kept: as `loading` does
             restored = restore(blob, data, end, max_line_bytes) if end else None
         if restored is not None:
-            reducer, covered, covered_lines = restored
+            reducer, covered, covered_lines, prefix = restored
             try:
                 check_committed(data, end, covered)
                 reduce_lines(
@@ -296,8 +326,10 @@ def load_with_snapshot(
             except CorruptionError:
                 pass  # the full reduction below raises the error with its place, as always
             else:
-                return reducer, end, covered_lines, covered
+                if known:
+                    prefix.update(memoryview(data)[covered:end])
+                return reducer, end, covered_lines, covered, prefix if known else None
     reducer, end = load(
         data, path=path, max_line_bytes=max_line_bytes, nul_tail=nul_tail, nul_window=nul_window
     )
-    return reducer, end, 0, 0
+    return reducer, end, 0, 0, hashlib.sha256(memoryview(data)[:end]) if known else None

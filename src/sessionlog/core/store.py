@@ -7,6 +7,7 @@ contract demands happens here and in `commit.py`, once for every backend.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import threading
@@ -27,7 +28,7 @@ from .errors import (
 )
 from .framing import DEFAULT_MAX_LINE_BYTES, NUL_WINDOW
 from .loading import check_torn_tail
-from .snapshot import encode, load_with_snapshot, worth_writing
+from .snapshot import encode, load_known, worth_writing
 from .snapshot_key import SnapshotKeyError, make_key, warn_once
 from .state import SessionState
 
@@ -134,15 +135,26 @@ def reduce_stored_from(
     nul_tail: bool = False,
     nul_window: int = 0,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    known: bool = False,
 ) -> tuple[CommitPipeline, int, int]:
     """`reduce_stored`, from `snapshot` when it belongs to `data` (`core.snapshot`: the result
-    is the same either way); also returns the lines the snapshot covered (0: none used)."""
-    reducer, end, covered, covered_bytes = load_with_snapshot(
-        data, snapshot, path=path, max_line_bytes=max_line_bytes, nul_tail=nul_tail, nul_window=nul_window
+    is the same either way); also returns the lines the snapshot covered (0: none used).
+    `known`: the pipeline keeps the sha256 of the bytes it knows the log holds (a store that
+    writes snapshots: `snapshot_of`)."""
+    reducer, end, covered, covered_bytes, digest = load_known(
+        data,
+        snapshot,
+        path=path,
+        max_line_bytes=max_line_bytes,
+        nul_tail=nul_tail,
+        nul_window=nul_window,
+        known=known,
     )
     check_torn_tail(data, end, reducer.next_seq, path=path)
     lines = covered + data.count(b"\n", covered_bytes, end)
-    return CommitPipeline(reducer, end, lines, max_line_bytes=max_line_bytes), end, covered
+    pipeline = CommitPipeline(reducer, end, lines, max_line_bytes=max_line_bytes)
+    pipeline.known = digest
+    return pipeline, end, covered
 
 
 def log_snapshot_failure(path: Path, what: str, error: BaseException) -> None:
@@ -165,25 +177,24 @@ def read_snapshot_quietly(read: Callable[[], bytes | None] | None, path: Path) -
         return None
 
 
-def snapshot_of(pipeline: CommitPipeline, prefix: bytes, previous: bytes | None) -> bytes | None:
-    """The snapshot of the log's first `pipeline.length` bytes, `prefix` as read back now (None
-    when they are not that long, or a transaction is in flight). Made from those bytes as an open
-    reduces them (from `previous`, the snapshot there now, when it belongs to them), never from
-    the writer's memory: a log changed under its writer in place (an edit of the same length,
-    which its appends cannot notice) gets a snapshot of what it holds, never a signed claim that
-    it holds what the writer remembers; one that no longer reduces gets none (its error raised).
-    SnapshotKeyError first, before any work, when no key can sign it."""
+def snapshot_of(pipeline: CommitPipeline, prefix: bytes) -> bytes | None:
+    """The snapshot of an idle pipeline's state, given the log's first `pipeline.length` bytes
+    as read back now (`read_prefix`); None when the bytes are not that long (something else
+    changed the file) or a transaction is in flight. SessionChangedError when they are not the
+    bytes the writer knows (`pipeline.known`: read at open, then appended): a log edited in
+    place under its writer (the same length, which its appends cannot notice) never gets a
+    signed claim that it holds what the writer remembers. SnapshotKeyError first, before any
+    work, when no key can sign it."""
     if pipeline.pending or len(prefix) != pipeline.length:
         return None
     key = make_key()
-    reducer, end, _, _ = load_with_snapshot(prefix, previous, max_line_bytes=pipeline.max_line_bytes)
-    if end != pipeline.length or reducer.next_seq != pipeline.reducer.next_seq:
+    digest = hashlib.sha256(prefix).hexdigest()
+    if pipeline.known is None or digest != pipeline.known.hexdigest():
         raise SessionChangedError(
-            f"the log changed under its writer: it holds {end:,} committed bytes up to seq "
-            f"{reducer.next_seq - 1}, the writer wrote {pipeline.length:,} up to seq "
-            f"{pipeline.reducer.next_seq - 1}"
+            f"the log changed under its writer: its first {pipeline.length:,} bytes are not those the "
+            "writer read and wrote (edited in place?); no snapshot of its state is written"
         )
-    return encode(reducer, prefix, end, pipeline.max_line_bytes, key=key)
+    return encode(pipeline.reducer, prefix, pipeline.length, pipeline.max_line_bytes, key=key, prefix=digest)
 
 
 class StoreStatus:
@@ -271,7 +282,12 @@ class SessionStore(StoreStatus):
             data = backend.read()
             snapshot = read_snapshot_quietly(getattr(backend, "read_snapshot", None), path)
             pipeline, end, covered = reduce_stored_from(
-                data, snapshot, path, **info.nul_rule(), max_line_bytes=max_line_bytes
+                data,
+                snapshot,
+                path,
+                **info.nul_rule(),
+                max_line_bytes=max_line_bytes,
+                known=hasattr(backend, "write_snapshot"),  # what a snapshot will be checked against
             )
             if end < len(data):
                 backend.truncate(end)
@@ -342,8 +358,7 @@ class SessionStore(StoreStatus):
             return False
         pipeline = self._pipeline
         try:
-            previous = read_snapshot_quietly(getattr(backend, "read_snapshot", None), self.path)
-            blob = snapshot_of(pipeline, read_prefix(pipeline.length), previous)
+            blob = snapshot_of(pipeline, read_prefix(pipeline.length))
             if blob is None:
                 return False
             write(blob)
