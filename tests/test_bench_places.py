@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from sessionlog import bench
-from sessionlog.bench import restart, shapes
+from sessionlog.bench import places, restart, shapes
 from sessionlog.bench.measure import RowFailed
 from sessionlog.bench.places import PlaceError
 
@@ -164,6 +164,11 @@ def test_a_scratch_database_that_cannot_be_dropped_is_named_not_a_traceback(
         "postgresql://u:Sekr3t@db.example:99999/app",  # a port out of range
         "postgresql://u:Sekr3t@db.example:port/app",  # a port that is no number
         "postgresql://u:Sekr3t@db.example:5432x/app",  # a port and more
+        # a password holding an unencoded '?' or '/' ends the host early; the message quoted its
+        # rest, or libpq did (found by a review of #38)
+        "postgresql://alice:?Sekr3t@db.invalid:5432/prod",
+        "postgresql://alice:1234?Sekr3t@db.example.com:5432/prod",
+        "postgresql://alice:1234/Sekr3t?x@db.invalid:5432/prod",
     ],
 )
 @pytest.mark.parametrize("caller", ["command line", "run()"])
@@ -374,3 +379,24 @@ def test_a_server_that_cannot_hold_the_power_class_skips_the_postgres_rows_and_t
     assert url.split(":")[2].split("@")[0] not in out + err  # the password
     assert _left(server, url.rsplit("/", 1)[1]) == NOTHING
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_url_libpq_reads_is_rewritten_to_the_scratch_database_as_libpq_reads_it() -> None:
+    """An empty host (`postgresql:///db?host=/run/postgresql`, libpq's form for a socket folder)
+    lost its '//' (libpq then refused the rewritten URL); a host or port of the query is the
+    server the messages name (they named the URL's own); several hosts are refused by name
+    (found by a review of #38)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    scratch = places.database_url("postgresql:///app?host=/run/postgresql&port=5433&user=u", "scratch")
+    assert conninfo_to_dict(scratch) == {
+        "dbname": "scratch",
+        "host": "/run/postgresql",
+        "port": "5433",
+        "user": "u",
+    }
+    url = "postgresql://u:Sekr3t@localhost/app?host=db.internal&port=6543"
+    assert places.where(url) == "db.internal:6543/app"
+    with pytest.raises(PlaceError, match=r"several hosts \(h1,h2\) are not supported") as refused:
+        places.check_postgres("postgresql://u:Sekr3t@h1:5432,h2:5433/app")
+    assert "Sekr3t" not in str(refused.value)

@@ -36,7 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 from types import TracebackType
-from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit, urlunsplit
 
 from ..repositories.locations import mask_in
 
@@ -117,8 +117,11 @@ def check_postgres(url: str) -> None:
 
 
 def database_url(url: str, database: str) -> str:
-    """`url` with its database replaced by `database` (user, password, host and options kept)."""
-    return urlunsplit(_checked(url)._replace(path=f"/{database}"))
+    """`url` with its database replaced by `database` (user, password, host and options kept;
+    an empty host too: `postgresql:///db?host=...`, which urlunsplit would drop to one slash)."""
+    made = urlunsplit(_checked(url)._replace(path=f"/{database}"))
+    scheme, _, rest = made.partition(":")
+    return made if rest.startswith("//") else f"{scheme}://{rest}"
 
 
 def _checked(url: str) -> SplitResult:
@@ -136,10 +139,12 @@ def _checked(url: str) -> SplitResult:
 
 
 def where(url: str) -> str:
-    """`url` without its password: host, port and database, for messages. (A password holding an
-    unencoded '/' ends the host early, and its rest is read as the path: masked too.)"""
+    """`url` without its password: host, port and database, for messages; a `host=` or `port=`
+    of the query names the server, as libpq reads it."""
     parts = _parts(url)
-    return mask_in(f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path or '/'}", url)
+    query = dict(parse_qsl(parts.query))
+    host, port = query.get("host") or parts.hostname or "localhost", query.get("port") or parts.port or 5432
+    return mask_in(f"{host}:{port}{parts.path or '/'}", url)
 
 
 def _parts(url: str) -> SplitResult:
@@ -147,11 +152,25 @@ def _parts(url: str) -> SplitResult:
     of range or no number) is PlaceError, without the URL (it may hold a password)."""
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018 (read for its ValueError)
+        several = "," in parts.netloc.rpartition("@")[2]
+        if not several:
+            parts.port  # noqa: B018 (read for its ValueError)
     except ValueError:  # its text may quote the netloc, password and all
         raise PlaceError(
             "--postgres: not a valid URL (its host or port cannot be read; not shown: it may hold a password)"
         ) from None
+    if several:
+        raise PlaceError("--postgres: several hosts (h1,h2) are not supported: name the one to run on")
+    # A user or password holding an unencoded '/', '?' or '#' ends the host early: its rest would
+    # be read as the path or query (and quoted by libpq's errors). Refused, never shown.
+    rest = url.partition("://")[2]
+    tail = rest[len(parts.netloc) :]
+    at, equals = tail.find("@"), tail.find("=")
+    if at >= 0 and (equals < 0 or at < equals):
+        raise PlaceError(
+            "--postgres: not a valid URL: its user or password holds an unencoded '/', '?' or '#' "
+            "(percent-encode them: %2F, %3F, %23; not shown: it may hold a password)"
+        )
     return parts
 
 
