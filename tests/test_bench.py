@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -324,6 +325,36 @@ def test_two_outputs_naming_one_file_are_a_usage_error_before_the_run(tmp_path: 
         f"sessionlog bench: error: --markdown {tmp_path / '.' / 'run.out'}: the same file as --json"
     )
     assert run.out == "" and sorted(path.name for path in tmp_path.iterdir()) == ["scratch"]
+
+
+@pytest.mark.parametrize("kind", ["hard link", "trailing slash", "fifo"])
+def test_an_output_that_would_be_lost_or_hang_is_a_usage_error_before_the_run(
+    tmp_path: Path, cli: Any, kind: str
+) -> None:
+    """Found by a review of #38: a hard link to --json given as --markdown passed the same-file
+    check (the JSON was replaced); `--json new/` wrote a file `new`; a FIFO passed the check and
+    the run hung at its end, writing to it."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    first, second = tmp_path / "run.json", tmp_path / "run.md"
+    options: list[Any] = ["--json", first]
+    if kind == "hard link":
+        first.write_text("")
+        os.link(first, second)
+        options += ["--markdown", second]
+        expected = f"--markdown {second}: the same file as --json"
+    elif kind == "trailing slash":
+        options = ["--json", f"{tmp_path / 'new'}/"]
+        expected = f"--json {tmp_path / 'new'}/: names a folder (a trailing '/'), not a file"
+    else:
+        os.mkfifo(first)
+        expected = f"--json {first}: a FIFO, which would hold the run's end until something reads it"
+    before = sorted(path.name for path in tmp_path.iterdir())
+    run = cli("bench", "--tiny", "--shape", "d", "--backends", "jsonl", "--dir", scratch, *options)
+    assert run.code == sessionlog.bench.EXIT_USAGE and "Traceback" not in run.err
+    assert run.err.startswith(f"sessionlog bench: error: {expected}")
+    assert run.out == "" and sorted(path.name for path in tmp_path.iterdir()) == before
+    assert list(scratch.iterdir()) == []
 
 
 def test_an_output_through_a_dangling_link_is_a_usage_error_before_the_run(tmp_path: Path, cli: Any) -> None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -74,17 +75,21 @@ def check_directory(path: str | None) -> str:
 def check_outputs(outputs: dict[str, str | None]) -> None:
     """`check_output` of each FILE given (option -> path, None: not given), and two options
     naming one file (the second would replace the first) are PlaceError too."""
-    seen: dict[str, str] = {}
+    seen: dict[str | tuple[int, int], str] = {}
     for option, path in outputs.items():
         if path is None:
             continue
         check_output(option, path)
         if Path(path).exists() and not Path(path).is_file():
             continue  # /dev/null, /dev/stdout: written twice, nothing is lost
-        real = os.path.realpath(path)
-        if real in seen:
-            raise PlaceError(f"{option} {path}: the same file as {seen[real]}")
-        seen[real] = option
+        try:  # a file by its device and inode: a hard link to it is the same file
+            status = os.stat(path)
+            same: str | tuple[int, int] = (status.st_dev, status.st_ino)
+        except FileNotFoundError:
+            same = os.path.realpath(path)
+        if same in seen:
+            raise PlaceError(f"{option} {path}: the same file as {seen[same]}")
+        seen[same] = option
 
 
 def check_output(option: str, path: str) -> None:
@@ -93,10 +98,17 @@ def check_output(option: str, path: str) -> None:
     is measured; nothing is created here, not even a probe."""
     if path == "":
         raise PlaceError(f"{option}: an empty path")
+    if path.endswith("/"):  # Path() drops the slash: `new/` would be written as a file `new`
+        raise PlaceError(f"{option} {path}: names a folder (a trailing '/'), not a file")
     target = Path(path)
     try:
         if target.is_dir():
             raise PlaceError(f"{option} {path}: a directory, not a file")
+        if stat.S_ISFIFO(os.stat(path).st_mode if target.exists() else 0) and not _a_descriptor(path):
+            raise PlaceError(
+                f"{option} {path}: a FIFO, which would hold the run's end until something reads it "
+                "(write to /dev/stdout and pipe it instead)"
+            )
         if target.exists():
             writable = os.access(target, os.W_OK)
         else:  # made where a dangling link points, not beside the link
@@ -108,6 +120,14 @@ def check_output(option: str, path: str) -> None:
         raise PlaceError(f"{option} {path}: {error.strerror or error}") from None
     if not writable:
         raise PlaceError(f"{option} {path}: not writable (read-only filesystem or no permission)")
+
+
+def _a_descriptor(path: str) -> bool:
+    """Whether `path` names one of this process's descriptors (/dev/stdout, /dev/fd/N, a shell's
+    `>(...)`): a pipe there has its reader already."""
+    return os.path.realpath(path).startswith(
+        ("/proc/self/fd/", f"/proc/{os.getpid()}/fd/")
+    ) or path.startswith(("/dev/fd/", "/dev/stdout", "/dev/stderr", "/proc/self/fd/"))
 
 
 def check_postgres(url: str) -> None:
