@@ -73,7 +73,9 @@ def _two_ceilings(row: Mapping[str, Any], moved: bool) -> str:
     fresh = row["name"].removesuffix(KEPT_OPEN)
     ratio = row["vs_fresh"]
     beside = "the rows whose sessions are kept open are set beside this one (their work)"
-    if moved:
+    if row.get("rounds", 2) < 2:
+        verdict = f"this run cannot tell whether they agree (one round); {beside}"
+    elif moved:
         verdict = (
             f"this run cannot tell whether they agree (a ceiling of the two moved between rounds); {beside}"
         )
