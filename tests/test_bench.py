@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -355,6 +356,24 @@ def test_an_output_that_would_be_lost_or_hang_is_a_usage_error_before_the_run(
     assert run.err.startswith(f"sessionlog bench: error: {expected}")
     assert run.out == "" and sorted(path.name for path in tmp_path.iterdir()) == before
     assert list(scratch.iterdir()) == []
+
+
+def test_json_to_dev_stdout_redirected_to_a_file_keeps_the_tables_printed_above(tmp_path: Path) -> None:
+    """Found by a review of #38: `--json /dev/stdout > run.txt` opened the file anew, truncated,
+    and the printed tables were lost; the JSON now follows them on the stream itself."""
+    scratch, out = tmp_path / "scratch", tmp_path / "run.txt"
+    scratch.mkdir()
+    with out.open("w") as stdout:
+        done = subprocess.run(
+            [sys.executable, "-m", "sessionlog", "bench", "--tiny", "--shape", "d", "--backends", "jsonl",
+             "--dir", str(scratch), "--json", "/dev/stdout"],
+            stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    printed = out.read_text()
+    tables, brace, json_text = printed.partition("\n{")
+    assert "Recommendation" in tables and brace
+    assert json.loads("{" + json_text)["rows"]
 
 
 def test_an_output_through_a_dangling_link_is_a_usage_error_before_the_run(tmp_path: Path, cli: Any) -> None:

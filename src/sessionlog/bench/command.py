@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import errno
+import io
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -153,8 +155,8 @@ def main(argv: list[str] | None = None, *, registry: Registry | None = None) -> 
     result["recommendation"] = advise(result)
     print(text(result))
     writes = (
-        ("--json", args.json, lambda path: Path(path).write_text(as_json(result))),
-        ("--markdown", args.markdown, lambda path: Path(path).write_text(markdown(result))),
+        ("--json", args.json, lambda path: _write_text(path, as_json(result))),
+        ("--markdown", args.markdown, lambda path: _write_text(path, markdown(result))),
         ("--plot", args.plot, lambda path: plot(result, Path(path))),
     )
     for option, path, write in writes:
@@ -178,6 +180,25 @@ def main(argv: list[str] | None = None, *, registry: Registry | None = None) -> 
 
 
 PLACE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # --dir could not hold the run: usage
+
+
+def _write_text(path: str, text: str) -> None:
+    """`text` into FILE; into the stream itself when FILE is this process's stdout or stderr
+    (`--json /dev/stdout > run.txt`: opening it anew would truncate the tables printed above)."""
+    for stream in (sys.stdout, sys.stderr):
+        if _same_file(path, stream):
+            stream.write(text)
+            stream.flush()
+            return
+    Path(path).write_text(text)
+
+
+def _same_file(path: str, stream: Any) -> bool:
+    try:
+        mine, theirs = os.fstat(stream.fileno()), os.stat(path)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):  # no descriptor (captured)
+        return False
+    return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
 
 
 def _say(message: str, status: int) -> int:
