@@ -26,6 +26,7 @@ import errno
 import io
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None, *, registry: Registry | None = None) -> 
         return _say("interrupted; the scratch folder and database are removed", EXIT_INTERRUPTED)
     result["recommendation"] = advise(result)
     print(text(result))
-    writes = (
+    writes: tuple[tuple[str, str | None, Callable[[str], object]], ...] = (
         ("--json", args.json, lambda path: _write_text(path, as_json(result))),
         ("--markdown", args.markdown, lambda path: _write_text(path, markdown(result))),
         ("--plot", args.plot, lambda path: plot(result, Path(path))),
