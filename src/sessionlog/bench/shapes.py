@@ -80,22 +80,45 @@ def in_threads(sessions: int, commits: int, commit: Any) -> tuple[int, float, li
         return timed(commits, lambda index: commit(0, index))
     start_line = threading.Barrier(sessions + 1)
     latencies: list[list[float]] = [[] for _ in range(sessions)]
+    stopping = threading.Event()
+
+    def one(session: int, index: int) -> None:
+        if stopping.is_set():
+            raise _Stopped
+        commit(session, index)
 
     def run(session: int) -> None:
-        start_line.wait()
-        latencies[session] = timed(commits, lambda index: commit(session, index), window=False)[2]
+        try:
+            start_line.wait()
+            latencies[session] = timed(commits, lambda index: one(session, index), window=False)[2]
+        except (threading.BrokenBarrierError, _Stopped):
+            return  # the main thread was interrupted: it stops the round
 
     threads = [threading.Thread(target=run, args=(session,)) for session in range(sessions)]
-    for thread in threads:
-        thread.start()
-    WINDOW.start()
-    start_line.wait()
-    start = time.perf_counter()
-    for thread in threads:
-        thread.join()
+    try:
+        for thread in threads:
+            thread.start()
+        WINDOW.start()
+        start_line.wait()
+        start = time.perf_counter()
+        for thread in threads:
+            thread.join()
+    except BaseException:
+        # Interrupted (Ctrl-C): a worker waiting at the start line, or committing, would keep the
+        # process alive after the run's cleanup (threading's shutdown joins them).
+        stopping.set()
+        start_line.abort()
+        for thread in threads:
+            if thread.ident is not None:
+                thread.join()
+        raise
     elapsed = time.perf_counter() - start
     WINDOW.stop()
     return sessions * commits, elapsed, [value for mine in latencies for value in mine]
+
+
+class _Stopped(Exception):
+    """A worker of `in_threads` stops: its main thread was interrupted."""
 
 
 async def _in_tasks(sessions: int, commits: int, commit: Any) -> tuple[int, float, list[float]]:
