@@ -3,13 +3,18 @@ it made and exits (never hangs on its own threads)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sessionlog.bench import shapes
+from sessionlog.bench import command, shapes
 
 
 def test_an_interrupt_before_the_start_line_lets_every_worker_thread_go(
@@ -42,3 +47,49 @@ def test_an_interrupt_before_the_start_line_lets_every_worker_thread_go(
         barrier.abort()
     assert not stuck, f"worker threads left waiting at the start line: {stuck}"
     assert commits == []  # none started past the start line the main thread never reached
+
+
+# The bench in a child process, held inside its first measurement (after its first progress
+# line, its scratch folder made) until a signal comes: the signal always lands mid-run.
+HELD = """
+import sys, time
+from sessionlog.bench import command, runner
+
+def held(*args, **kwargs):
+    print("measuring", flush=True)
+    time.sleep(600)  # a bound for a hang only: the test signals it long before
+    raise AssertionError("no signal came")
+
+runner.steady = held
+sys.exit(command.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_a_signal_mid_run_removes_the_scratch_folder_and_exits_as_interrupted(
+    tmp_path: Path, name: str
+) -> None:
+    # Found with SIGTERM 2.5 s into a run: exit 143 and the scratch folder (and the scratch
+    # database, and a throwaway server's folder) left; only SIGINT was handled.
+    argv = ["--tiny", "--shape", "d", "--backends", "jsonl", "--dir", str(tmp_path)]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", HELD, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "measuring\n", child.stderr.read() if child.stderr else ""
+        assert [path.name[:17] for path in tmp_path.iterdir()] == ["sessionlog-bench-"]
+        child.send_signal(getattr(signal, name))
+        _, err = child.communicate(timeout=120)  # a bound for a hang only
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == command.EXIT_INTERRUPTED == 130, err
+    assert "interrupted; the scratch folder and database are removed" in err
+    assert list(tmp_path.iterdir()) == []

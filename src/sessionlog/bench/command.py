@@ -14,7 +14,8 @@ session, a session in use and a blocked recovery):
 * 5: a row was caught not syncing: a power-class row made fewer device flushes than half its
   commits over its committers (`report.flush_evidence`); the rows are named;
 * 6: a row failed (it raised): the row and the error are named, the run stops;
-* 130: interrupted (Ctrl-C).
+* 130: interrupted: Ctrl-C, SIGTERM or SIGHUP (each takes Ctrl-C's path while the command runs,
+  so a supervisor's or a closed terminal's stop cleans up too; never 143 or 129).
 
 In every case the scratch folder and the scratch database are gone before it exits.
 """
@@ -22,11 +23,14 @@ In every case the scratch folder and the scratch database are gone before it exi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import io
 import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +57,8 @@ EPILOG = (
     "up during it, a FILE that fails at its end); "
     "5 a row was caught not syncing (a power-class row made fewer device flushes than half its "
     "commits over its committers; named); 6 a row failed (named, with its error); 130 "
-    "interrupted. Scratch files and the scratch database are removed in every case."
+    "interrupted (Ctrl-C, SIGTERM or SIGHUP). Scratch files and the scratch database are removed in "
+    "every case."
 )
 
 
@@ -140,7 +145,8 @@ def main(argv: list[str] | None = None, *, registry: Registry | None = None) -> 
             file=sys.stderr,
         )
     try:
-        result = _run_with_a_server(args, directory, backends, only, mode, registry)
+        with _stops_as_interrupts():
+            result = _run_with_a_server(args, directory, backends, only, mode, registry)
     except PlaceError as error:
         return _say(str(error), EXIT_USAGE)
     except OSError as error:
@@ -200,6 +206,29 @@ def _same_file(path: str, stream: Any) -> bool:
     except (OSError, ValueError, AttributeError, io.UnsupportedOperation):  # no descriptor (captured)
         return False
     return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
+
+
+STOPS = (signal.SIGTERM, signal.SIGHUP)  # a supervisor's stop, a closed terminal: as Ctrl-C
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _stops_as_interrupts() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt meanwhile: the run's cleanup (its scratch
+    folder and database, a throwaway server) is Ctrl-C's, where their default ended the process
+    with everything left. Python handles signals in the main thread only: elsewhere, as before."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {stop: signal.signal(stop, _interrupt) for stop in STOPS}
+    try:
+        yield
+    finally:
+        for stop, handler in before.items():
+            signal.signal(stop, handler)
 
 
 def _say(message: str, status: int) -> int:
