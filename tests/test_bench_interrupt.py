@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from sessionlog.bench import command, shapes
+from sessionlog.testing import postgres
 
 
 def test_an_interrupt_before_the_start_line_lets_every_worker_thread_go(
@@ -92,4 +94,39 @@ def test_a_signal_mid_run_removes_the_scratch_folder_and_exits_as_interrupted(
             child.wait()
     assert child.returncode == command.EXIT_INTERRUPTED == 130, err
     assert "interrupted; the scratch folder and database are removed" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("step", ["free_port", "token_hex", "initdb", "start_postmaster"])
+def test_an_interrupt_at_any_step_of_a_throwaway_servers_start_leaves_no_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    # Found with Ctrl-C 1.2 s after a throwaway server's folder appeared (1 in 4 tries): an empty
+    # /tmp/sessionlog-pg-* left behind; the cleanup began after the folder was made.
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    def ran(
+        server: postgres.PostgresServer, *command: Any, **kwargs: Any
+    ) -> subprocess.CompletedProcess[str]:
+        if Path(str(command[0])).name == "initdb":  # what the steps after it read
+            server.data.mkdir()
+            (server.data / "pg_hba.conf").touch()
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where mkdtemp makes the folder
+    monkeypatch.setattr(postgres, "binaries", lambda: tmp_path / "bin")  # none are run
+    monkeypatch.setattr(postgres.os, "geteuid", lambda: 1000)  # not root: no `postgres` user needed
+    monkeypatch.setattr(postgres.PostgresServer, "_run", ran)
+    monkeypatch.setattr(postgres.PostgresServer, "configure", lambda self, settings: None)
+    monkeypatch.setattr(postgres.PostgresServer, "version", lambda self: 15)
+    where = {
+        "free_port": (postgres, "free_port"),
+        "token_hex": (postgres.secrets, "token_hex"),
+        "initdb": (postgres.PostgresServer, "_run"),
+        "start_postmaster": (postgres.PostgresServer, "start_postmaster"),
+    }
+    monkeypatch.setattr(*where[step], interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        postgres.PostgresServer.start()
     assert list(tmp_path.iterdir()) == []

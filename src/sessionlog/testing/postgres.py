@@ -91,8 +91,9 @@ class PostgresServer:
                     "running as root and there is no `postgres` user to run the server"
                 ) from None
         root = Path(tempfile.mkdtemp(prefix="sessionlog-pg-"))
-        server = cls(root, root / "data", free_port(), secrets.token_hex(12), run_as)
-        try:
+        server = None
+        try:  # from the folder's making on: a Ctrl-C at any step leaves nothing behind
+            server = cls(root, root / "data", free_port(), secrets.token_hex(12), run_as)
             if run_as is not None:
                 shutil.chown(root, run_as)
             password_file = root / "password"
@@ -129,7 +130,9 @@ class PostgresServer:
             server.start_postmaster()
             server.psql(f"create database {DATABASE}")
         except BaseException:
-            server.stop()
+            if server is not None:
+                server.stop()
+            shutil.rmtree(root, ignore_errors=True)
             raise
         return server
 
