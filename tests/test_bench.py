@@ -410,3 +410,28 @@ def test_a_repository_that_cannot_be_filled_is_a_named_failed_row(
         "left of the run"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_plot_leaves_nothing_of_matplotlibs_in_home(tmp_path: Path) -> None:
+    # Found with --plot: ~/.cache/matplotlib/fontlist-*.json and ~/.config/matplotlib left in the
+    # user's HOME. A child process: matplotlib picks its folders once, at its first import.
+    pytest.importorskip("matplotlib", reason="the plot needs matplotlib (the bench extra)")
+    home, run, out = tmp_path / "home", tmp_path / "run", tmp_path / "out"
+    for folder in (home, run, out):
+        folder.mkdir()
+    mine = ("MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME")
+    environment = {key: value for key, value in os.environ.items() if key not in mine}
+    environment |= {"HOME": str(home), "PYTHONPATH": os.pathsep.join(sys.path)}
+    argv = ["--tiny", "--shape", "a", "--backends", "jsonl", "--dir", run, "--plot", out / "r.png"]
+    done = subprocess.run(
+        [sys.executable, "-m", "sessionlog", "bench", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=600,  # a bound for a hang only
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (out / "r.png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(str(path.relative_to(home)) for path in home.rglob("*")) == []
+    assert list(run.iterdir()) == []

@@ -3,10 +3,14 @@ recommendation computed from the rows, the same as Markdown, and the plot."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
+import os
 import re
+import tempfile
 from collections import defaultdict
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -439,16 +443,37 @@ PLOTTED = "abcf"  # the shapes `plot` draws a panel of (commit rates beside thei
 
 def plotting() -> str | None:
     """Why `plot` cannot draw here, None when it can (matplotlib is the bench extra's)."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
+    # Found, not imported: matplotlib's first import picks (and makes) its folders (`plot`).
+    if importlib.util.find_spec("matplotlib") is None:
         return "needs matplotlib, which is not installed (pip install 'sessionlog[bench]')"
     return None
+
+
+@contextlib.contextmanager
+def _matplotlib_kept_out_of_home() -> Iterator[None]:
+    """matplotlib's config and font cache in a folder removed after, not in the user's HOME
+    (~/.config/matplotlib, ~/.cache/matplotlib/fontlist-*.json): it reads MPLCONFIGDIR at its
+    first import in the process (one before this one keeps its own folders)."""
+    before = os.environ.get("MPLCONFIGDIR")
+    with tempfile.TemporaryDirectory(prefix="sessionlog-bench-matplotlib-") as folder:
+        os.environ["MPLCONFIGDIR"] = folder
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop("MPLCONFIGDIR", None)
+            else:
+                os.environ["MPLCONFIGDIR"] = before
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
     """One panel per shape; bars grouped by durability class, each class's ceiling a dashed line
     over its own group."""
+    with _matplotlib_kept_out_of_home():
+        _plot(result, path)
+
+
+def _plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
