@@ -130,3 +130,39 @@ def test_an_interrupt_at_any_step_of_a_throwaway_servers_start_leaves_no_folder(
     with pytest.raises(KeyboardInterrupt):
         postgres.PostgresServer.start()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupted_server_command_takes_its_own_children_with_it(tmp_path: Path) -> None:
+    # initdb runs the server in single-user mode as its child: an interrupt that killed initdb
+    # alone left that child writing into the folder being removed (the folder then stayed).
+    server = postgres.PostgresServer.__new__(postgres.PostgresServer)
+    server.run_as = None
+    spawned = tmp_path / "grandchild"
+    command = f"sleep 300 & echo $! > {spawned}.tmp && mv {spawned}.tmp {spawned}; wait"
+
+    def interrupt_once_spawned() -> None:
+        deadline = time.monotonic() + 60  # a bound for a hang only
+        while not spawned.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    helper = threading.Thread(target=interrupt_once_spawned)
+    helper.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            server._run("sh", "-c", command, timeout=120)
+    finally:
+        helper.join()
+    grandchild = int(spawned.read_text())
+    deadline = time.monotonic() + 30  # a bound for a hang only
+    while _running(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not _running(grandchild), f"the command's child {grandchild} outlived the interrupt"
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie (here PID 1 may reap none) is not running

@@ -64,6 +64,23 @@ def free_port() -> int:
 START_SECONDS = 300  # a start (with crash recovery) that takes longer hangs: a bound for a hang only
 
 
+def _run_as_a_group(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """`subprocess.run` whose interruption (Ctrl-C, its timeout) kills the command's children too,
+    not the command alone: initdb's single-user server went on writing into the folder being
+    removed after initdb was killed, and the folder stayed."""
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    ) as child:
+        try:
+            out, err = child.communicate(timeout=timeout)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)  # its own group (start_new_session)
+            child.wait()  # a killed process: not a wait for its work
+            raise
+    return subprocess.CompletedProcess(argv, child.returncode, out, err)
+
+
 class PostgresServer:
     """One cluster in a temporary directory; `stop()` (or leaving the `with`) removes it."""
 
@@ -147,7 +164,7 @@ class PostgresServer:
         argv = [str(part) for part in command]
         if self.run_as is not None:
             argv = ["runuser", "-u", self.run_as, "--", *argv]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        done = _run_as_a_group(argv, timeout)
         if check and done.returncode != 0:
             raise PostgresUnavailable(f"{Path(str(command[0])).name} failed: {done.stderr.strip()[-800:]}")
         return done
