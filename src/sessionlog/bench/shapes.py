@@ -95,9 +95,11 @@ def in_threads(sessions: int, commits: int, commit: Any) -> tuple[int, float, li
             return  # the main thread was interrupted: it stops the round
 
     threads = [threading.Thread(target=run, args=(session,)) for session in range(sessions)]
+    started: list[threading.Thread] = []  # one interrupted in its start() cannot be joined: it ends alone
     try:
         for thread in threads:
             thread.start()
+            started.append(thread)
         WINDOW.start()
         start_line.wait()
         start = time.perf_counter()
@@ -108,9 +110,8 @@ def in_threads(sessions: int, commits: int, commit: Any) -> tuple[int, float, li
         # process alive after the run's cleanup (threading's shutdown joins them).
         stopping.set()
         start_line.abort()
-        for thread in threads:
-            if thread.ident is not None:
-                thread.join()
+        for thread in started:
+            thread.join()
         raise
     elapsed = time.perf_counter() - start
     WINDOW.stop()
