@@ -279,36 +279,14 @@ def load_with_snapshot(
     nul_tail: bool = False,
     nul_window: int = 0,
     path: Any = None,
-) -> tuple[Reducer, int, int, int]:
-    """`loading.load`, from the snapshot `blob` when it belongs to `data`: (the reducer, the
-    committed length, the lines and the bytes the snapshot covered: 0 when none was used). The
-    result is the full reduction's, whatever `blob` holds; so is the error of a log that does not
-    reduce."""
-    reducer, end, covered_lines, covered, _ = load_known(
-        data,
-        blob,
-        max_line_bytes=max_line_bytes,
-        nul_tail=nul_tail,
-        nul_window=nul_window,
-        path=path,
-        known=False,
-    )
-    return reducer, end, covered_lines, covered
-
-
-def load_known(
-    data: bytes,
-    blob: bytes | None,
-    *,
-    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-    nul_tail: bool = False,
-    nul_window: int = 0,
-    path: Any = None,
-    known: bool = True,
+    known: bool = False,
 ) -> tuple[Reducer, int, int, int, Any]:
-    """`load_with_snapshot`, and (`known`) the sha256 object of the committed bytes, which a
-    writer extends with every line it appends: what it knows the log holds, checked before a
-    snapshot of its state is written (`core.store.snapshot_of`). Made from the snapshot's own
+    """`loading.load`, from the snapshot `blob` when it belongs to `data`: (the reducer, the
+    committed length, the lines and the bytes the snapshot covered: 0 when none was used, and
+    with `known` the sha256 object of the committed bytes, else None). The result is the full
+    reduction's, whatever `blob` holds; so is the error of a log that does not reduce. The hash
+    is what a writer knows the log holds, extended with every line it appends and checked before
+    a snapshot of its state is written (`core.store.snapshot_of`); made from the snapshot's own
     check of the bytes it covers when one is used, so only the tail is hashed again."""
     if blob:
         end = committed_end(data, nul_tail=nul_tail, nul_window=nul_window)

@@ -28,7 +28,7 @@ from .errors import (
 )
 from .framing import DEFAULT_MAX_LINE_BYTES, NUL_WINDOW
 from .loading import check_torn_tail
-from .snapshot import encode, load_known, worth_writing
+from .snapshot import encode, load_with_snapshot, worth_writing
 from .snapshot_key import SnapshotKeyError, make_key, warn_once
 from .state import SessionState
 
@@ -141,7 +141,7 @@ def reduce_stored_from(
     is the same either way); also returns the lines the snapshot covered (0: none used).
     `known`: the pipeline keeps the sha256 of the bytes it knows the log holds (a store that
     writes snapshots: `snapshot_of`)."""
-    reducer, end, covered, covered_bytes, digest = load_known(
+    reducer, end, covered, covered_bytes, digest = load_with_snapshot(
         data,
         snapshot,
         path=path,

@@ -277,7 +277,7 @@ class DirectoryRepository(RepositoryBase):
         self._refuse_closed("load", session_id)
         path = self.path(session_id)
         data = read_session_file(path)
-        reducer, end, _, _ = load_with_snapshot(data, read_snapshot_file(path), path=path, **self.rule)
+        reducer, end, *_ = load_with_snapshot(data, read_snapshot_file(path), path=path, **self.rule)
         return SessionState(reducer, end)
 
     def export(self, session_id: str) -> bytes:
