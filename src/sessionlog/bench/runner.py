@@ -4,13 +4,10 @@ how much to measure (`Plan`). The command line is `command`."""
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
-import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import sessionlog
@@ -18,6 +15,7 @@ import sessionlog
 from ..repositories.locations import mask_in
 from . import other_work, restart, resume, shapes, trust
 from .flushes import FlushCounter
+from .machine import load_average, machine, others_share
 from .measure import Job, RowFailed, paired_ratio, steady
 from .places import ScratchDatabase, check_postgres
 
@@ -156,7 +154,7 @@ def _run(
     started = time.monotonic()
     seconds: dict[str, float] = {}  # shape -> seconds it took (`trust.full_estimate`)
     timed: dict[str, float] = {}  # shape -> seconds of its rounds' timed part (measured twice: 2x)
-    load = {"cpus": os.cpu_count(), "start": _load()}
+    load = {"cpus": os.cpu_count(), "start": load_average()}
     before = other_work.processes()
 
     def say(message: str) -> None:
@@ -488,7 +486,11 @@ def _run(
         "shape_seconds": seconds,
         "shape_timed_seconds": timed,
         "full_estimate_s": trust.full_estimate(seconds, mode, timed) if only == SHAPES else None,
-        "load": {**load, "end": _load(), "others": _others(before, ours, time.monotonic() - started)},
+        "load": {
+            **load,
+            "end": load_average(),
+            "others": others_share(before, ours, time.monotonic() - started),
+        },
         "shapes": only,
     }
 
@@ -506,23 +508,6 @@ def _reason(error: BaseException, postgres: str | None) -> str:
     """Why a peer is skipped: its error, short, the PostgreSQL URL's password masked."""
     reason = f"{type(error).__name__}: {error}"
     return (mask_in(reason, postgres) if postgres else reason)[:200]
-
-
-def _others(before: dict[int, Any] | None, ours: Sequence[int], seconds: float) -> float | None:
-    """The share of the machine's CPUs other work took during the run (`other_work`), None where
-    it cannot be read."""
-    after = other_work.processes()
-    if before is None or after is None or seconds <= 0:
-        return None
-    return round(other_work.others_cpu_seconds(before, after, ours) / (seconds * (os.cpu_count() or 1)), 3)
-
-
-def _load() -> float | None:
-    """The 1-minute load average, None where the system has none."""
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
 
 
 def _one_writer_ceilings(scratch: shapes.Scratch, plan: Plan, syncfs: bool) -> dict[str, Job]:
@@ -550,56 +535,3 @@ def _ceiling(durability: str, sessions: int, syncs_filesystem: bool = False, kep
     else:
         kind = "write+fdatasync"
     return (kind if sessions == 1 else f"{sessions} threads: {kind}") + (shapes.KEPT_OPEN if kept else "")
-
-
-PEER_PACKAGES = (  # the versions a run names, of those installed
-    "openai-agents",
-    "langgraph-checkpoint-sqlite",
-    "langgraph-checkpoint-postgres",
-    "eventsourcing",
-    "sqlalchemy",
-    "psycopg",
-)
-
-
-def machine(directory: str | None, postgres: str | None = None) -> dict[str, Any]:
-    """Where and with what the run ran: the date, the system, the versions (Python, sessionlog,
-    SQLite, the peers installed, the PostgreSQL server of its rows)."""
-    import importlib.metadata
-    import sqlite3
-
-    libraries = {}
-    for package in PEER_PACKAGES:
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            libraries[package] = importlib.metadata.version(package)
-    if postgres:
-        try:
-            import psycopg
-
-            with psycopg.connect(postgres, connect_timeout=10) as connection:
-                number = connection.info.server_version  # e.g. 150014
-            libraries["PostgreSQL server"] = f"{number // 10000}.{number % 10000}"
-        except Exception as error:  # the run had its rows; only the version is missing
-            libraries["PostgreSQL server"] = f"unknown ({type(error).__name__})"
-
-    where = directory or os.environ.get("TMPDIR", "/tmp")
-    filesystem = "?"
-    try:
-        best = ""
-        for line in Path("/proc/mounts").read_text().splitlines():
-            _, point, kind, *_ = line.split()
-            if Path(where).resolve().as_posix().startswith(point) and len(point) > len(best):
-                best, filesystem = point, f"{kind} on {point}"
-    except OSError:
-        pass
-    return {
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "sessionlog": importlib.metadata.version("sessionlog"),
-        "sqlite": sqlite3.sqlite_version,
-        "directory": where,
-        "filesystem": filesystem,
-        "libraries": libraries,
-    }
