@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,6 +54,7 @@ def commit_loop(backend: str, commits: int, postgres: str | None) -> None:
             store.commit(transaction(index, 1))
     if repository is not None:
         repository.close()
+    shutil.rmtree(folder)
 
 
 def instructions(args: argparse.Namespace, commits: int, out: Path) -> int:
@@ -71,7 +73,8 @@ def instructions(args: argparse.Namespace, commits: int, out: Path) -> int:
     ]
     if args.postgres:
         command += ["--postgres", args.postgres]
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    # its snapshots signed with a key of its scratch, never one made in the user's HOME
+    env = {**os.environ, "PYTHONHASHSEED": "0", "SESSIONLOG_STATE_DIR": str(out.parent / "state")}
     if args.source:
         env["PYTHONPATH"] = str(Path(args.source) / "src")
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
